@@ -1,0 +1,1 @@
+"""The ``gpumode`` command line."""

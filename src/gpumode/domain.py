@@ -1,0 +1,287 @@
+"""Pure types shared by every layer of gpumode.
+
+Nothing here touches the host or imports other gpumode modules: the host layer fills these types, the mode engine
+plans with them, the server stores them. Snapshots are plain dataclasses (fast to build, fast to import); their JSON
+form is the documented, versioned wire schema (see ``docs/snapshot-schema.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+SNAPSHOT_SCHEMA = "gpumode.snapshot/v1"
+
+NVIDIA_VENDOR = 0x10DE
+CLASS_VGA = 0x030000
+CLASS_3D = 0x030200
+CLASS_NVSWITCH = 0x068000
+GPU_CLASSES = frozenset({CLASS_VGA, CLASS_3D})
+
+
+class Mode(StrEnum):
+    """What a GPU is used for. ``none`` means no driver holds it (or an unknown one does)."""
+
+    ACCEL = "accel"
+    VGPU = "vgpu"
+    PASSTHROUGH = "passthrough"
+    NONE = "none"
+
+
+class DriverState(StrEnum):
+    """One word for the whole host's driver situation."""
+
+    DATACENTER = "datacenter"  # nvidia data-center driver owns the GPUs
+    VGPU_HOST = "vgpu-host"  # nvidia vGPU manager owns the GPUs
+    VFIO = "vfio"  # every GPU is on vfio-pci
+    NONE = "none"  # no GPU has a driver
+    MIXED = "mixed"  # GPUs are split between the above
+
+
+class Flavour(StrEnum):
+    """The two builds of the ``nvidia`` kernel module; they cannot be installed or loaded side by side."""
+
+    DATACENTER = "datacenter"
+    VGPU = "vgpu"
+
+
+class PciAddressError(ValueError):
+    """A string is not a PCI address of the form ``DDDD:BB:DD.F``."""
+
+
+_BDF = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([01][0-9a-fA-F])\.([0-7])$")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class PciAddress:
+    """A PCI function address (domain, bus, device, function)."""
+
+    domain: int
+    bus: int
+    device: int
+    function: int
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        """Parse ``0000:3b:00.0`` (or the short ``3b:00.0``, domain 0)."""
+        m = _BDF.match(text.strip())
+        if not m or int(m.group(3), 16) > 0x1F:
+            raise PciAddressError(f"not a PCI address: {text!r} (expected DDDD:BB:DD.F, e.g. 0000:3b:00.0)")
+        return cls(int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4)))
+
+    @property
+    def routing_id(self) -> int:
+        return (self.bus << 8) | (self.device << 3) | self.function
+
+    @classmethod
+    def from_routing_id(cls, domain: int, rid: int) -> PciAddress:
+        return cls(domain, (rid >> 8) & 0xFF, (rid >> 3) & 0x1F, rid & 0x7)
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
+
+
+def normalize_address(text: str) -> str:
+    """The canonical string form of a PCI address; raises :class:`PciAddressError` on bad input."""
+    return str(PciAddress.parse(text))
+
+
+@dataclass(slots=True)
+class MdevType:
+    """One entry of a parent's ``mdev_supported_types``."""
+
+    type_id: str  # e.g. "nvidia-222"
+    name: str  # e.g. "GRID T4-1Q"
+    description: str
+    available_instances: int
+    device_api: str
+
+
+@dataclass(slots=True)
+class Mdev:
+    """An existing mediated device."""
+
+    uuid: str
+    type_id: str
+    parent: str
+
+
+@dataclass(slots=True)
+class VendorVgpu:
+    """The vGPU 17+ vendor VFIO interface of one VF (``<VF>/nvidia/``)."""
+
+    creatable: dict[int, str]  # vGPU type id -> name, from creatable_vgpu_types
+    current: int  # current_vgpu_type; 0 = none
+
+
+@dataclass(slots=True)
+class Sriov:
+    """SR-IOV facts of a physical function."""
+
+    total_vfs: int
+    num_vfs: int
+    vfs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PciFunction:
+    """Everything discovery knows about one PCI function."""
+
+    address: str
+    vendor: int
+    device: int
+    subsystem_vendor: int
+    subsystem_device: int
+    class_code: int
+    revision: int
+    numa_node: int | None = None
+    iommu_group: int | None = None
+    driver: str | None = None
+    driver_override: str | None = None
+    vendor_name: str | None = None
+    device_name: str | None = None
+    class_name: str | None = None
+    physfn: str | None = None  # set on a VF: its PF
+    sriov: Sriov | None = None  # set on a PF with SR-IOV capability
+    mdev_types: list[MdevType] = field(default_factory=list)
+    mdevs: list[Mdev] = field(default_factory=list)
+    vendor_vgpu: VendorVgpu | None = None
+    consumers: list[str] = field(default_factory=list)  # ``consumer:pci:`` device links
+
+    @property
+    def is_vf(self) -> bool:
+        return self.physfn is not None
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        return self.vendor == NVIDIA_VENDOR and self.class_code in GPU_CLASSES and not self.is_vf
+
+
+@dataclass(slots=True)
+class Gpu:
+    """A physical NVIDIA GPU (never a VF) and what belongs with it."""
+
+    address: str
+    device: int
+    name: str
+    numa_node: int | None
+    iommu_group: int | None
+    driver: str | None
+    mode: Mode
+    companions: list[str] = field(default_factory=list)  # other functions of its IOMMU group + consumer links
+    vfs: list[str] = field(default_factory=list)
+    mdevs: list[str] = field(default_factory=list)  # uuids of mdevs on it or its VFs
+    vgpus: list[str] = field(default_factory=list)  # VFs with a vendor vGPU type set
+
+
+@dataclass(slots=True)
+class LoadedModule:
+    """One line of ``/proc/modules``."""
+
+    name: str
+    size: int
+    refcount: int
+    users: list[str]
+    state: str
+
+
+@dataclass(slots=True)
+class Package:
+    """An installed driver package."""
+
+    name: str
+    version: str
+    flavour: Flavour | None = None
+
+
+@dataclass(slots=True)
+class NvidiaDriver:
+    """The NVIDIA driver as the host shows it."""
+
+    loaded: bool = False
+    flavour: Flavour | None = None
+    version: str | None = None
+    open_kernel_module: bool | None = None
+    vgpu_vfio_loaded: bool = False
+    packages: list[Package] = field(default_factory=list)
+    services: dict[str, bool] = field(default_factory=dict)  # unit name -> active
+
+
+@dataclass(slots=True)
+class HostSnapshot:
+    """What one host looks like right now. The fingerprint covers everything but itself."""
+
+    hostname: str
+    kernel: str | None
+    functions: list[PciFunction]
+    gpus: list[Gpu]
+    nvswitches: list[str]
+    modules: list[LoadedModule]
+    nvidia: NvidiaDriver
+    driver_state: DriverState
+    problems: list[str] = field(default_factory=list)
+    schema: str = SNAPSHOT_SCHEMA
+    fingerprint: str = ""
+
+    def function(self, address: str) -> PciFunction | None:
+        for fn in self.functions:
+            if fn.address == address:
+                return fn
+        return None
+
+    def gpu(self, address: str) -> Gpu | None:
+        for gpu in self.gpus:
+            if gpu.address == address:
+                return gpu
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=indent is not None)
+
+    def compute_fingerprint(self) -> str:
+        body = self.to_dict()
+        body.pop("fingerprint", None)
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostSnapshot:
+        """Rebuild a snapshot from its JSON form (no validation beyond shape; the server validates)."""
+        fns = []
+        for f in data["functions"]:
+            f = dict(f)
+            f["sriov"] = Sriov(**f["sriov"]) if f.get("sriov") else None
+            f["mdev_types"] = [MdevType(**t) for t in f.get("mdev_types", [])]
+            f["mdevs"] = [Mdev(**m) for m in f.get("mdevs", [])]
+            vv = f.get("vendor_vgpu")
+            f["vendor_vgpu"] = (
+                VendorVgpu({int(k): v for k, v in vv["creatable"].items()}, vv["current"]) if vv else None
+            )
+            fns.append(PciFunction(**f))
+        gpus = [Gpu(**{**g, "mode": Mode(g["mode"])}) for g in data["gpus"]]
+        nv = dict(data["nvidia"])
+        nv["flavour"] = Flavour(nv["flavour"]) if nv.get("flavour") else None
+        nv["packages"] = [
+            Package(p["name"], p["version"], Flavour(p["flavour"]) if p.get("flavour") else None)
+            for p in nv.get("packages", [])
+        ]
+        return cls(
+            hostname=data["hostname"],
+            kernel=data.get("kernel"),
+            functions=fns,
+            gpus=gpus,
+            nvswitches=list(data.get("nvswitches", [])),
+            modules=[LoadedModule(**m) for m in data.get("modules", [])],
+            nvidia=NvidiaDriver(**nv),
+            driver_state=DriverState(data["driver_state"]),
+            problems=list(data.get("problems", [])),
+            schema=data.get("schema", SNAPSHOT_SCHEMA),
+            fingerprint=data.get("fingerprint", ""),
+        )

@@ -1,0 +1,98 @@
+"""The host seen through one injectable root directory.
+
+Every path gpumode uses on a host is derived from :attr:`Host.root` (like mdevctl's environment root), so tests and
+the demo point it at an emulated tree. Reads are plain file reads everywhere. Every write to the kernel goes through
+:meth:`Host.write` and every command through :meth:`Host.run`: on a real host they hit the kernel and the shell; on
+an emulated host (a root holding ``.gpumode-emulated/``) they are handed to the emulated kernel and userspace, which
+react as the real ones do, errnos included.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+EMULATION_MARKER = ".gpumode-emulated"
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class CommandError(RuntimeError):
+    """A command run on the host failed; carries its result so callers can show stderr."""
+
+    def __init__(self, result: CommandResult) -> None:
+        self.result = result
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        tail = detail[-1] if detail else "no output"
+        super().__init__(f"`{' '.join(result.argv)}` exited {result.returncode}: {tail}")
+
+
+class Host:
+    """One Linux host under ``root`` (``/`` for the machine itself)."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = Path(root)
+        self.emulated = (self.root / EMULATION_MARKER).is_dir()
+
+    def __repr__(self) -> str:
+        kind = "emulated" if self.emulated else "real"
+        return f"Host({str(self.root)!r}, {kind})"
+
+    def path(self, *parts: str) -> Path:
+        """A path under the root; ``parts`` are relative (``"sys/bus/pci/devices"``)."""
+        return self.root.joinpath(*(p.lstrip("/") for p in parts))
+
+    @property
+    def sys(self) -> Path:
+        return self.root / "sys"
+
+    @property
+    def proc(self) -> Path:
+        return self.root / "proc"
+
+    def relative(self, path: Path) -> str:
+        """``path`` as seen from the root (``sys/bus/pci/...``), for messages and the emulated kernel."""
+        return os.path.relpath(path, self.root)
+
+    def write(self, path: Path, value: str) -> None:
+        """Write ``value`` to a kernel file (sysfs/procfs); raises :class:`OSError` with the kernel's errno.
+
+        This is the single write path: each write is one ``write(2)`` call, as ``echo`` would do, so a kernel
+        attribute sees exactly one store.
+        """
+        if self.emulated:
+            from gpumode.host.emulated.kernel import EmulatedKernel
+
+            EmulatedKernel(self.root).write(self.relative(path), value)
+            return
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = 600, check: bool = False) -> CommandResult:
+        """Run a command on the host. On an emulated host the emulated userspace answers it."""
+        if self.emulated:
+            from gpumode.host.emulated.userspace import run_emulated
+
+            result = run_emulated(self.root, tuple(argv))
+        else:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+            result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        if check and not result.ok:
+            raise CommandError(result)
+        return result

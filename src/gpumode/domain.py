@@ -285,3 +285,69 @@ class HostSnapshot:
             schema=data.get("schema", SNAPSHOT_SCHEMA),
             fingerprint=data.get("fingerprint", ""),
         )
+
+
+# --- plans -------------------------------------------------------------------------------------------------------
+
+class VmPolicy(StrEnum):
+    """What a switch may do to running VMs."""
+
+    ALL = "all"  # shut down every VM on the host (the original method)
+    GPU = "gpu"  # only VMs holding this host's GPU devices
+    REFUSE = "refuse"  # fail the plan if any VM would be touched
+
+
+@dataclass(slots=True)
+class SwitchRequest:
+    """What an operator asks for: a target mode for the whole host or some GPUs, with the mode's options."""
+
+    mode: Mode
+    gpus: list[str] = field(default_factory=list)  # empty: every GPU of the host
+    vgpu_type: str | None = None  # vGPU type name ("NVIDIA L40S-4Q") or id ("nvidia-1150" / "1150")
+    vgpu_count: int | None = None  # per GPU; None: as many as the type allows
+    passthrough_alias: str | None = None
+    vm_policy: VmPolicy = VmPolicy.GPU
+
+
+@dataclass(slots=True)
+class Step:
+    """One idempotent action of a plan. ``action`` names what runs it (see ``gpumode.modes.steps``)."""
+
+    id: str  # unique within the plan, stable: "03-module.unload-nvidia_uvm"
+    action: str  # "vm.shutdown", "module.unload", "bind.vfio", "cloud.register_cards", ...
+    target: str  # what it acts on: a VM name, module, PCI address, package flavour, ...
+    params: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    where: str = "host"  # "host" (agent / local engine) or "cloud" (server)
+    estimate_s: float = 1.0
+
+
+@dataclass(slots=True)
+class Impact:
+    """What a plan will do to the host, shown before anything runs."""
+
+    gpus: dict[str, tuple[Mode, Mode]] = field(default_factory=dict)  # address -> (now, after)
+    vms_stopped: list[str] = field(default_factory=list)
+    devices_detached: list[str] = field(default_factory=list)  # "vm: kind:id"
+    vgpus_reclaimed: list[str] = field(default_factory=list)
+    modules_unloaded: list[str] = field(default_factory=list)
+    modules_loaded: list[str] = field(default_factory=list)
+    packages_removed: list[str] = field(default_factory=list)
+    packages_installed: list[str] = field(default_factory=list)
+    driver_change: bool = False
+    reboot_required: bool = False
+    estimated_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Plan:
+    """An ordered list of steps plus their impact. Pure data: shown by --dry-run, stored with a job, executed."""
+
+    hostname: str
+    request: SwitchRequest
+    steps: list[Step]
+    impact: Impact
+    snapshot_fingerprint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

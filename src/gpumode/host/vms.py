@@ -1,0 +1,72 @@
+"""VMs on a host, through one small interface.
+
+The mode engine only needs to list VMs with their GPU devices, stop and start them, and take a device out of (or put
+it back into) a VM's persistent definition. Two implementations: libvirt (``gpumode.host.libvirt_vms``) and the
+emulated hypervisor of an emulated host (``gpumode.host.emulated.hypervisor``). :func:`open_hypervisor` picks one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gpumode.host.root import Host
+
+DeviceKind = Literal["pci", "mdev"]
+
+
+@dataclass(frozen=True, slots=True)
+class VmDevice:
+    """A host device in a VM's definition: a PCI function (passthrough GPU, vGPU VF) or an mdev."""
+
+    kind: DeviceKind
+    id: str  # PCI address ("0000:3b:00.0") or mdev uuid
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+
+@dataclass(slots=True)
+class Vm:
+    name: str
+    uuid: str
+    running: bool
+    devices: list[VmDevice] = field(default_factory=list)
+
+
+class HypervisorError(RuntimeError):
+    """A VM operation failed; the message names the VM and what was attempted."""
+
+
+class Hypervisor(Protocol):
+    def list_vms(self) -> list[Vm]:
+        """All defined VMs (running or not) with their host devices."""
+        ...
+
+    def shutdown(self, name: str, *, timeout: float = 60.0) -> None:
+        """Stop a VM: graceful shutdown, then destroy after ``timeout`` seconds. A stopped VM is a no-op."""
+        ...
+
+    def start(self, name: str) -> None:
+        """Start a defined VM. A running VM is a no-op."""
+        ...
+
+    def detach_device(self, name: str, device: VmDevice) -> None:
+        """Remove ``device`` from the VM's persistent definition. The VM must be stopped. Absent: no-op."""
+        ...
+
+    def attach_device(self, name: str, device: VmDevice) -> None:
+        """Add ``device`` back to the VM's persistent definition (rollback). Present: no-op."""
+        ...
+
+
+def open_hypervisor(host: Host, uri: str | None = None) -> Hypervisor:
+    """The hypervisor of ``host``: the emulated one on an emulated host, else libvirt at ``uri``."""
+    if host.emulated:
+        from gpumode.host.emulated.hypervisor import EmulatedHypervisor
+
+        return EmulatedHypervisor(host)
+    from gpumode.host.libvirt_vms import LibvirtHypervisor
+
+    return LibvirtHypervisor(uri or "qemu:///system")

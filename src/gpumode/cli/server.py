@@ -1,0 +1,62 @@
+"""``gpumode server``: run the control plane, or ``--init`` its database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from gpumode.server.settings import Settings
+
+
+def server(
+    host: str | None = typer.Option(None, help="Address to listen on [default: 127.0.0.1]"),
+    port: int | None = typer.Option(None, help="Port to listen on [default: 8080]"),
+    db: str | None = typer.Option(None, "--db", help="SQLite file path or postgresql+psycopg:// URL"),
+    config: Path | None = typer.Option(None, "--config", help="TOML or YAML settings file"),
+    init: bool = typer.Option(False, "--init", help="Create/upgrade the database and print an admin token"),
+) -> None:
+    """Run the gpumode server (settings: options > GPUMODE_* environment > --config file > defaults)."""
+    # Imported here so `gpumode discover` and friends never pay for FastAPI and SQLAlchemy.
+    from gpumode.server.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(config, host=host, port=port, db=db)
+    except SettingsError as exc:
+        typer.echo(f"gpumode server: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if init:
+        _init(settings)
+        return
+    import uvicorn
+
+    from gpumode.server.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+def _init(settings: Settings) -> None:
+    from gpumode.server.bootstrap import initialise
+    from gpumode.server.db import DatabaseUrlError
+    try:
+        result = initialise(settings)
+    except DatabaseUrlError as exc:
+        typer.echo(f"gpumode server: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    url = settings.advertised_url
+    if not result.first_time:
+        typer.echo("The database was initialised before; these are additional tokens.")
+    typer.echo(f"Database ready: {settings.db}")
+    typer.echo("")
+    typer.echo("Admin token (shown once; keep it safe):")
+    typer.echo(f"  {result.admin_token}")
+    typer.echo("")
+    until = f"{result.join_expires_at:%Y-%m-%d %H:%M} UTC"
+    typer.echo(f"Join hosts (any number; this join token is valid until {until}):")
+    typer.echo(f"  gpumode agent --server {url} --token {result.join_token}")
+    typer.echo("")
+    where = f"--db {settings.db} --host {settings.host} --port {settings.port}"
+    typer.echo(f"Start the server:  gpumode server {where}")
+    typer.echo(f"More join tokens:  POST {url}/api/v1/join-tokens (admin)")

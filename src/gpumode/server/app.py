@@ -1,0 +1,74 @@
+"""The FastAPI application: ``/api/v1`` routes, ``/healthz``, ``/metrics``, OpenAPI at
+``/api/v1/openapi.json``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from gpumode import __version__
+from gpumode.server import db
+from gpumode.server.audit import AuditMiddleware
+from gpumode.server.limits import BodyLimitMiddleware
+from gpumode.server.metrics import Metrics
+from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens
+from gpumode.server.settings import Settings
+from gpumode.server.state import ServerState
+
+API = "/api/v1"
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+    """Build the app. The database schema is brought to ``head`` when the app starts (idempotent)."""
+    engine = engine or db.make_engine(settings.db, pool_size=settings.db_pool_size)
+    sessions = db.make_sessionmaker(engine)
+    state = ServerState(settings=settings, engine=engine, sessions=sessions, metrics=Metrics(sessions))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(db.upgrade, engine)
+        yield
+
+    app = FastAPI(
+        title="gpumode",
+        version=__version__,
+        summary="Move GPU hosts, and each GPU in them, between accel, vGPU and passthrough modes.",
+        openapi_url=f"{API}/openapi.json",
+        docs_url=f"{API}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.gpumode = state
+    for module in (agents, nodes, reports, cards, modes, events, tokens):
+        app.include_router(module.router, prefix=API)
+    app.include_router(health.router)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    # Outermost first: refuse oversized bodies before anything else, then audit what remains.
+    app.add_middleware(AuditMiddleware, sessions=lambda: state.sessions)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    return app
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    """422 with where and what, without echoing the (possibly large) input back."""
+    assert isinstance(exc, RequestValidationError)
+    errors: list[dict[str, Any]] = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)

@@ -1,0 +1,88 @@
+"""Database engine, sessions and migrations.
+
+SQLite (a file, WAL journal so readers never wait for the one writer) is the default; PostgreSQL is reached
+through ``postgresql+psycopg://``. The schema comes only from Alembic (``upgrade head``), never from
+``create_all``, so a database made by one version of gpumode upgrades cleanly to the next.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session, sessionmaker
+
+
+class DatabaseUrlError(ValueError):
+    """The database setting is neither a SQLAlchemy URL we support nor a file path."""
+
+
+SUPPORTED_DRIVERS = ("sqlite", "postgresql")
+
+
+def database_url(value: str) -> URL:
+    """A SQLAlchemy URL from a URL or a plain file path (SQLite); PostgreSQL always through psycopg 3."""
+    if "://" not in value:
+        return URL.create("sqlite", database=str(Path(value).expanduser().resolve()))
+    try:
+        url = make_url(value)
+    except ArgumentError as exc:
+        raise DatabaseUrlError(f"not a database URL: {value!r}") from exc
+    backend = url.get_backend_name()
+    if backend not in SUPPORTED_DRIVERS:
+        raise DatabaseUrlError(f"unsupported database {backend!r} in {value!r}: use sqlite or postgresql")
+    if backend == "postgresql" and url.drivername != "postgresql+psycopg":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def make_engine(value: str, *, pool_size: int = 10) -> Engine:
+    url = database_url(value)
+    if url.get_backend_name() == "sqlite":
+        in_memory = url.database in (None, "", ":memory:")
+        if not in_memory and url.database:
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, fast commits
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    """The packaged Alembic configuration; with ``engine``, migrations run on its connections."""
+    ini = files("gpumode.server") / "alembic.ini"
+    config = Config(str(ini))
+    config.set_main_option("script_location", "gpumode.server:migrations")
+    if engine is not None:
+        config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest revision (idempotent)."""
+    command.upgrade(alembic_config(engine), "head")
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -1,0 +1,1 @@
+"""Alembic migration environment and revisions of the server database."""

@@ -1,0 +1,112 @@
+"""Joining: an agent trades a join token (and its first snapshot) for a node token bound to its node."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from gpumode.server import sync
+from gpumode.server.audit import commit_audited, set_principal
+from gpumode.server.auth import (
+    JoinRefused,
+    Principal,
+    Role,
+    bearer_secret,
+    create_node_token,
+    hash_secret,
+    redeem_join_token,
+)
+from gpumode.server.deps import PlatformDep, SessionDep, StateDep
+from gpumode.server.models import ApiToken, JoinToken, Node
+from gpumode.server.schemas import JoinRequest, JoinResponse
+
+router = APIRouter(tags=["agents"])
+
+_REFUSED = HTTPException(
+    status.HTTP_401_UNAUTHORIZED,
+    "missing, unknown, expired, revoked or used-up join token",
+    headers={"WWW-Authenticate": "Bearer"},
+)
+
+
+def join_secret(request: Request, session: SessionDep) -> str:
+    """Checked before the body is read, so a wrong token is a 401 whatever the body holds."""
+    secret = bearer_secret(request.headers.get("authorization"))
+    if secret is None:
+        raise _REFUSED
+    token = session.scalars(select(JoinToken).where(JoinToken.token_hash == hash_secret(secret))).first()
+    if token is None:
+        raise _REFUSED
+    set_principal(request, Principal(token_id=token.id, name=f"join:{token.name}", role=Role.NODE))
+    return secret
+
+
+@router.post(
+    "/agents/join",
+    response_model=JoinResponse,
+    status_code=status.HTTP_201_CREATED,
+    summary="Exchange a join token and a first snapshot for a node token",
+)
+def join(
+    body: JoinRequest,
+    secret: Annotated[str, Depends(join_secret)],
+    request: Request,
+    session: SessionDep,
+    platform: PlatformDep,
+    state: StateDep,
+) -> JoinResponse:
+    snapshot = body.snapshot.to_domain()
+    if snapshot.hostname != body.hostname:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"hostname {body.hostname!r} does not match the snapshot's {snapshot.hostname!r}",
+        )
+    now = datetime.now(UTC)
+    try:
+        join_token = redeem_join_token(session, secret, now=now)
+    except JoinRefused as exc:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, str(exc), headers={"WWW-Authenticate": "Bearer"}
+        ) from exc
+    node = session.scalars(select(Node).where(Node.name == body.hostname).with_for_update()).first()
+    rejoin = node is not None
+    if node is not None:
+        # An agent re-installed or that lost its token: its old tokens stop working now.
+        session.execute(update(ApiToken).where(ApiToken.node_id == node.id).values(revoked=True))
+        session.add(
+            sync.make_event(
+                node.name,
+                "node.rejoined",
+                sync.Severity.WARNING,
+                None,
+                f"node {node.name} joined again with join token {join_token.name!r}; "
+                "its previous node tokens are revoked",
+                now,
+            )
+        )
+    if node is None or node.fingerprint != snapshot.fingerprint:
+        node, result = sync.apply_snapshot(session, platform, snapshot, now=now, node=node)
+        summary = result.summary()
+    else:
+        summary = sync.SyncResult(node=node.name, changed=False).summary()
+
+    _, node_secret = create_node_token(session, node, created_by=f"join:{join_token.name}")
+    try:
+        commit_audited(
+            request,
+            session,
+            target=f"node:{node.name}",
+            status_code=201,
+            detail=("rejoined" if rejoin else "joined") + f" with join token {join_token.name!r}",
+        )
+    except IntegrityError as exc:  # two agents joined the same new hostname at once
+        session.rollback()
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"node {body.hostname} joined concurrently; retry"
+        ) from exc
+    state.seen(node.name, now)
+    return JoinResponse(node=node.name, token=node_secret, sync=summary)

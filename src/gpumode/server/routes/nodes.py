@@ -1,0 +1,154 @@
+"""Nodes and host groups (hardware reports are in :mod:`gpumode.server.routes.reports`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
+from sqlalchemy import delete, select, update
+
+from gpumode.domain import HostSnapshot
+from gpumode.server import audit
+from gpumode.server.auth import Principal, Role
+from gpumode.server.deps import Operator, PlatformDep, PrincipalDep, SessionDep, StateDep, Viewer, node_access
+from gpumode.server.models import HostGroup, ModeRule, Node
+from gpumode.server.schemas import NAME_PATTERN, GroupOut, GroupPut, NodeDetail, NodeOut
+from gpumode.server.state import ServerState
+from gpumode.server.whitelist import GROUP
+
+router = APIRouter(tags=["nodes"])
+
+
+def _node_out(node: Node, group: str | None, state: ServerState) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "group": group,
+        "mode": node.mode,
+        "driver_state": node.driver_state,
+        "gpu_count": node.gpu_count,
+        "fingerprint": node.fingerprint,
+        "created_at": node.created_at,
+        "changed_at": node.changed_at,
+        "last_seen": state.last_seen.get(node.name),
+    }
+
+
+@router.get("/nodes", response_model=list[NodeOut])
+def list_nodes(
+    _: Viewer, session: SessionDep, state: StateDep, group: str | None = None, mode: str | None = None
+) -> list[dict[str, Any]]:
+    query = (
+        select(Node, HostGroup.name).outerjoin(HostGroup, HostGroup.id == Node.group_id).order_by(Node.name)
+    )
+    if group is not None:
+        query = query.where(HostGroup.name == group)
+    if mode is not None:
+        query = query.where(Node.mode == mode)
+    return [_node_out(node, group_name, state) for node, group_name in session.execute(query)]
+
+
+def _own_node_or(role: Role) -> Any:
+    def check(name: str, principal: PrincipalDep) -> Principal:
+        node_access(principal, name, users_need=role)
+        return principal
+
+    return check
+
+
+@router.get("/nodes/{name}", response_model=NodeDetail)
+def get_node(
+    name: str,
+    _: Annotated[Principal, Depends(_own_node_or(Role.VIEWER))],
+    session: SessionDep,
+    state: StateDep,
+    platform: PlatformDep,
+) -> dict[str, Any]:
+    row = session.execute(
+        select(Node, HostGroup.name)
+        .outerjoin(HostGroup, HostGroup.id == Node.group_id)
+        .where(Node.name == name)
+    ).first()
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no node named {name!r}")
+    node, group = row
+    snap = HostSnapshot.from_dict(node.snapshot)
+    gpus = [
+        {
+            "address": g.address,
+            "name": g.name,
+            "device": f"{g.device:04x}",
+            "mode": g.mode.value,
+            "driver": g.driver,
+            "numa_node": g.numa_node,
+            "iommu_group": g.iommu_group,
+            "companions": g.companions,
+            "vfs": g.vfs,
+            "mdevs": g.mdevs,
+            "vgpus": g.vgpus,
+        }
+        for g in snap.gpus
+    ]
+    nvidia = node.snapshot.get("nvidia", {})
+    return {
+        **_node_out(node, group, state),
+        "kernel": snap.kernel,
+        "nvidia": nvidia,
+        "gpus": gpus,
+        "nvswitches": snap.nvswitches,
+        "problems": snap.problems,
+        "cards": platform.list_cards(node=name),
+    }
+
+
+# --- host groups --------------------------------------------------------------------------------------------
+
+
+@router.get("/groups", response_model=list[GroupOut])
+def list_groups(_: Viewer, session: SessionDep) -> list[GroupOut]:
+    members: dict[str, list[str]] = {
+        g: [] for g in session.scalars(select(HostGroup.name).order_by(HostGroup.name))
+    }
+    for node, group in session.execute(
+        select(Node.name, HostGroup.name).join(HostGroup, HostGroup.id == Node.group_id)
+    ):
+        members[group].append(node)
+    return [GroupOut(name=g, nodes=sorted(n)) for g, n in members.items()]
+
+
+@router.put("/groups/{name}", response_model=GroupOut, summary="Create a host group or set its members")
+def put_group(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    body: GroupPut,
+    _: Operator,
+    request: Request,
+    session: SessionDep,
+) -> GroupOut:
+    wanted = sorted(set(body.nodes))
+    found = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(wanted)))} if wanted else {}
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"unknown node(s): {', '.join(missing)}")
+    group = session.scalars(select(HostGroup).where(HostGroup.name == name)).first()
+    if group is None:
+        group = HostGroup(name=name, created_at=datetime.now(UTC))
+        session.add(group)
+        session.flush()
+    session.execute(update(Node).where(Node.group_id == group.id).values(group_id=None))
+    if wanted:
+        session.execute(update(Node).where(Node.name.in_(wanted)).values(group_id=group.id))
+    audit.commit_audited(
+        request, session, target=f"group:{name}", detail=f"members: {', '.join(wanted) or '-'}"
+    )
+    return GroupOut(name=name, nodes=wanted)
+
+
+@router.delete("/groups/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_group(name: str, _: Operator, request: Request, session: SessionDep) -> None:
+    group = session.scalars(select(HostGroup).where(HostGroup.name == name)).first()
+    if group is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no host group named {name!r}")
+    session.execute(update(Node).where(Node.group_id == group.id).values(group_id=None))
+    session.execute(delete(ModeRule).where(ModeRule.scope == GROUP, ModeRule.key == name))
+    session.delete(group)
+    audit.commit_audited(request, session, target=f"group:{name}", status_code=204)

@@ -1,0 +1,283 @@
+"""Request and response bodies of the REST API (the snapshot itself is in :mod:`gpumode.server.snapshot`)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from gpumode.cloud.base import CardStatus
+from gpumode.cloud.embedded import as_utc
+from gpumode.domain import Mode
+from gpumode.server.auth import Role
+from gpumode.server.snapshot import Hostname, SnapshotIn
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+SWITCHABLE = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)
+
+
+def _name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"not a valid name: {value!r} (letters, digits, '_', '.', ':', '-'; at most 64)")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_name)]
+# SQLite returns naive timestamps; they are UTC and leave the API marked so.
+Utc = Annotated[datetime, AfterValidator(as_utc)]
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- tokens
+# -----------------------------------------------------------------------------------------------------
+
+
+class TokenCreate(In):
+    name: Name
+    role: Role
+
+    @field_validator("role")
+    @classmethod
+    def _user_role(cls, value: Role) -> Role:
+        if value is Role.NODE:
+            raise ValueError("node tokens are issued by joining (POST /api/v1/agents/join), not created here")
+        return value
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    node: str | None
+    revoked: bool
+    created_at: Utc
+    created_by: str | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret; shown once, store it now")
+
+
+class JoinTokenCreate(In):
+    name: Name
+    uses: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(default=1, description="null: unlimited")
+    expires_in_s: Annotated[int, Field(ge=60, le=365 * 86400)] | None = Field(
+        default=86400, description="null: never"
+    )
+
+
+class JoinTokenOut(BaseModel):
+    id: int
+    name: str
+    uses_left: int | None
+    expires_at: Utc | None
+    revoked: bool
+    created_at: Utc
+    created_by: str | None
+
+
+class JoinTokenCreated(JoinTokenOut):
+    token: str
+    join_command: str
+
+
+# --- agents and nodes
+# --------------------------------------------------------------------------------------------
+
+
+class JoinRequest(In):
+    hostname: Hostname
+    snapshot: SnapshotIn
+
+
+class JoinResponse(BaseModel):
+    node: str
+    token: str = Field(description="the node token; the agent stores it and uses it from now on")
+    sync: dict[str, Any]
+
+
+class ReportResponse(BaseModel):
+    node: str
+    changed: bool
+    fingerprint: str
+    sync: dict[str, Any] | None = None
+
+
+class GpuOut(BaseModel):
+    address: str
+    name: str
+    device: str
+    mode: str
+    driver: str | None
+    numa_node: int | None
+    iommu_group: int | None
+    companions: list[str]
+    vfs: list[str]
+    mdevs: list[str]
+    vgpus: list[str]
+
+
+class NodeOut(BaseModel):
+    name: str
+    group: str | None
+    mode: str
+    driver_state: str
+    gpu_count: int
+    fingerprint: str
+    created_at: Utc
+    changed_at: Utc
+    last_seen: Utc | None = Field(default=None, description="last report seen by this server process")
+
+
+class NodeDetail(NodeOut):
+    kernel: str | None
+    nvidia: dict[str, Any]
+    gpus: list[GpuOut]
+    nvswitches: list[str]
+    problems: list[str]
+    cards: list[CardOut]
+
+
+class GroupPut(In):
+    nodes: Annotated[list[Hostname], Field(max_length=100_000)] = []
+
+
+class GroupOut(BaseModel):
+    name: str
+    nodes: list[str]
+
+
+# --- cards, profiles, aliases
+# -------------------------------------------------------------------------------------
+
+
+class CardOut(BaseModel):
+    id: int
+    node: str
+    kind: str
+    gpu: str
+    device: str
+    identity: str
+    vgpu_type: str | None
+    status: CardStatus
+    holder: str | None
+    created_at: Utc
+    updated_at: Utc
+
+
+class CardPatch(In):
+    status: CardStatus | None = None
+    holder: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+
+
+class ProfileIn(In):
+    vgpu_type: Annotated[str, Field(min_length=1, max_length=128)]
+    count_per_gpu: Annotated[int, Field(ge=1, le=64)]
+    description: Annotated[str, Field(max_length=500)] = ""
+
+
+class ProfileOut(ProfileIn):
+    name: str
+
+
+def _hex_id(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        text = value.lower().removeprefix("0x")
+        if not re.fullmatch(r"[0-9a-f]{1,4}", text):
+            raise ValueError(f"not a PCI id: {value!r} (4 hex digits, e.g. '10de')")
+        number = int(text, 16)
+    else:
+        raise ValueError(f"not a PCI id: {value!r}")
+    if not 0 <= number <= 0xFFFF:
+        raise ValueError(f"PCI id out of range: {value!r}")
+    return number
+
+
+HexId = Annotated[int, BeforeValidator(_hex_id)]
+
+
+class AliasIn(In):
+    vendor_id: HexId = Field(description="hex string ('10de') or integer")
+    product_id: HexId
+    description: Annotated[str, Field(max_length=500)] = ""
+
+
+class AliasOut(BaseModel):
+    name: str
+    vendor_id: str
+    product_id: str
+    description: str
+
+
+# --- whitelist, events, audit
+# --------------------------------------------------------------------------------------
+
+ModeList = Annotated[list[Mode], Field(max_length=3)]
+
+
+def _switchable(modes: list[Mode]) -> list[Mode]:
+    bad = [m.value for m in modes if m not in SWITCHABLE]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: not a mode one can switch to (use accel, vgpu, passthrough)")
+    return sorted(set(modes), key=SWITCHABLE.index)
+
+
+Modes = Annotated[ModeList, AfterValidator(_switchable)]
+
+
+def _model_key(value: str) -> str:
+    text = value.lower()
+    if not re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{4}", text):
+        raise ValueError(f"GPU model key {value!r} must be 'vendor:device' in hex, e.g. '10de:2330'")
+    return text
+
+
+class Whitelist(In):
+    """Enabled modes per level; a GPU may use a mode only if every level that names it allows the mode.
+
+    ``platform`` is the reference list; ``groups`` narrows it per host group, ``models`` per GPU model
+    (``vendor:device``). A level that is absent does not narrow.
+    """
+
+    platform: Modes = list(SWITCHABLE)
+    groups: dict[Name, Modes] = {}
+    models: dict[str, Modes] = {}
+
+    @field_validator("models")
+    @classmethod
+    def _model_keys(cls, value: dict[str, list[Mode]]) -> dict[str, list[Mode]]:
+        return {_model_key(k): v for k, v in value.items()}
+
+
+class EventOut(BaseModel):
+    id: int
+    node: str | None
+    kind: str
+    severity: str
+    target: str | None
+    message: str
+    before: Any
+    after: Any
+    created_at: Utc
+
+
+class AuditOut(BaseModel):
+    id: int
+    actor: str
+    role: str | None
+    action: str
+    target: str | None
+    status_code: int
+    detail: str | None
+    created_at: Utc
+
+
+NodeDetail.model_rebuild()

@@ -1,0 +1,35 @@
+"""What the running server holds in memory: settings, database handles, metrics, liveness."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpumode.cloud.base import CloudPlatform
+from gpumode.cloud.embedded import EmbeddedPlatform
+from gpumode.server.metrics import Metrics
+from gpumode.server.settings import Settings
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    metrics: Metrics
+    platform_factory: Callable[[Session], CloudPlatform] = EmbeddedPlatform
+    # Last time each node reported, kept in memory: an unchanged report must not write to the database, and
+    # liveness is a property of this process's view anyway (a restarted server waits for the next report).
+    last_seen: dict[str, datetime] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Per node: the digest of the last report body this process validated, and its fingerprint.
+    known_bodies: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def seen(self, node: str, when: datetime) -> None:
+        with self.lock:
+            self.last_seen[node] = when

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole check, from a fresh clone: system packages, .venv with gpumode[dev], ruff, mypy, pytest.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -k bind). Exit status: pytest's; "no tests" is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install-system-deps.sh
+
+if [ ! -x .venv/bin/python ]; then
+    python=${PYTHON:-python3.11}
+    command -v "$python" >/dev/null 2>&1 || python=python3
+    "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+        echo "test.sh: gpumode needs Python 3.11 or newer ($python is $("$python" -V 2>&1))" >&2
+        exit 1
+    }
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+.venv/bin/ruff check
+.venv/bin/mypy
+
+# pytest collects only tests/ (testpaths in pyproject.toml): the bench scripts stay out of the test run.
+status=0
+.venv/bin/pytest -q "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests" >&2
+    exit 1
+fi
+exit "$status"

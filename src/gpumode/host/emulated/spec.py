@@ -62,6 +62,11 @@ class DeviceSpec:
     gpu_model: str | None = None  # key of a GpuModelSpec, for NVIDIA GPUs
     consumers: tuple[str, ...] = ()  # consumer:pci: device links (VGA function -> its HDA function)
     pcie: bool = True
+    # SR-IOV capability of a non-GPU function (a NIC); GPUs take theirs from their GpuModelSpec
+    sriov_total_vfs: int = 0
+    vf_offset: int = 1
+    vf_stride: int = 1
+    vf_device: int | None = None
 
 
 @dataclass(slots=True)

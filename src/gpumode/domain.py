@@ -158,7 +158,8 @@ class PciFunction:
 
     @property
     def is_nvidia_gpu(self) -> bool:
-        return self.vendor == NVIDIA_VENDOR and self.class_code in GPU_CLASSES and not self.is_vf
+        # any programming interface: the class file carries it in its low byte
+        return self.vendor == NVIDIA_VENDOR and self.class_code & 0xFFFF00 in GPU_CLASSES and not self.is_vf
 
 
 @dataclass(slots=True)

@@ -1,0 +1,436 @@
+"""The driver catalog: how each driver flavour is installed, run and removed; the vGPU types of each GPU.
+
+The planner needs these facts before the host can show them (a host without the vGPU manager has no
+``mdev_supported_types`` to read), so they live in a versioned YAML file (``data/catalog.yaml``, schema in
+``docs/catalog.md``) that an operator can replace with their own. Loading validates everything up front and
+rejects unknown keys, so a typo fails at load with the file, the key path and the problem, never halfway
+through a mode switch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from gpumode.domain import Flavour
+
+CATALOG_VERSION = "v1"
+
+# Every action the planner emits (docs/plan-steps.md); the catalog's ``estimates`` may only name these.
+ACTIONS = (
+    "vm.shutdown",
+    "vm.detach_device",
+    "vgpu.remove",
+    "sriov.disable",
+    "gpu.release",
+    "bind.vfio",
+    "service.stop",
+    "module.unload",
+    "driver.remove",
+    "driver.install",
+    "module.load",
+    "service.start",
+    "command.run",
+    "bind.host",
+    "sriov.enable",
+    "vgpu.create",
+    "cloud.register_cards",
+    "cloud.deploy_env",
+)
+
+Condition = Literal["always", "nvswitch"]
+VgpuInterface = Literal["mdev", "vendor"]
+InstallerKind = Literal["apt", "run"]
+
+_DEVICE_ID = re.compile(r"^[0-9a-f]{4}$")
+
+
+# --- validation helper (shared with the whitelist loader) ---------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config file is unreadable or invalid; the message names the file, the key path and the problem."""
+
+    def __init__(self, source: str, path: str, problem: str) -> None:
+        self.source = source
+        self.path = path
+        self.problem = problem
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {problem}")
+
+
+class Node:
+    """A value read from YAML together with where it came from, so every error can say exactly where."""
+
+    def __init__(self, source: str, path: str, value: Any) -> None:
+        self.source = source
+        self.path = path
+        self.value = value
+
+    def error(self, problem: str) -> ConfigError:
+        return ConfigError(self.source, self.path or "(top level)", problem)
+
+    def _child_path(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def mapping(self, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> dict[str, Node]:
+        """The value as a mapping with exactly these keys (unknown keys are an error, as are missing ones)."""
+        if not isinstance(self.value, dict):
+            raise self.error(f"expected a mapping, got {_kind(self.value)}")
+        known = set(required) | set(optional)
+        for key in self.value:
+            if not isinstance(key, str):
+                raise self.error(f"key {key!r} must be a string (quote it)")
+            if key not in known:
+                raise self.error(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+        missing = [k for k in required if k not in self.value]
+        if missing:
+            raise self.error(f"missing key {missing[0]!r}")
+        return {k: Node(self.source, self._child_path(k), v) for k, v in self.value.items()}
+
+    def entries(self) -> Iterator[tuple[str, Node]]:
+        """A mapping with free-form string keys (names chosen by the author), in file order."""
+        if not isinstance(self.value, dict):
+            raise self.error(f"expected a mapping, got {_kind(self.value)}")
+        for key, value in self.value.items():
+            if not isinstance(key, str):
+                raise self.error(
+                    f"key {key!r} must be a quoted string (YAML reads unquoted digits as a number)"
+                )
+            yield key, Node(self.source, self._child_path(key), value)
+
+    def items(self) -> list[Node]:
+        if not isinstance(self.value, list):
+            raise self.error(f"expected a list, got {_kind(self.value)}")
+        return [Node(self.source, self._child_path(i), v) for i, v in enumerate(self.value)]
+
+    def text(self) -> str:
+        if not isinstance(self.value, str) or not self.value.strip():
+            raise self.error(f"expected a non-empty string, got {_kind(self.value)}")
+        return self.value
+
+    def integer(self, *, minimum: int = 0) -> int:
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise self.error(f"expected an integer, got {_kind(self.value)}")
+        if self.value < minimum:
+            raise self.error(f"must be at least {minimum}, got {self.value}")
+        return self.value
+
+    def number(self) -> float:
+        if isinstance(self.value, bool) or not isinstance(self.value, int | float) or self.value < 0:
+            raise self.error(f"expected a non-negative number, got {self.value!r}")
+        return float(self.value)
+
+    def flag(self) -> bool:
+        if not isinstance(self.value, bool):
+            raise self.error(f"expected true or false, got {self.value!r}")
+        return self.value
+
+    def choice(self, choices: tuple[str, ...]) -> str:
+        if self.value not in choices:
+            raise self.error(f"expected one of {', '.join(choices)}, got {self.value!r}")
+        return str(self.value)
+
+    def str_list(self) -> tuple[str, ...]:
+        return tuple(n.text() for n in self.items())
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    return "a list" if isinstance(value, list) else repr(value)
+
+
+def read_yaml(path: str | Path | None, default_resource: str) -> tuple[str, Any]:
+    """Parse a YAML file (or the packaged default when ``path`` is None); returns (source name, data)."""
+    if path is None:
+        source = f"gpumode/data/{default_resource}"
+        text = resources.files("gpumode").joinpath("data", default_resource).read_text()
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        return source, yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, "", f"not valid YAML: {exc}") from exc
+
+
+# --- the catalog --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PackageSpec:
+    name: str
+    when: Condition = "always"
+    keep_on_remove: bool = False  # not part of the driver (container toolkit): stays when the flavour goes
+
+
+@dataclass(frozen=True, slots=True)
+class InstallerSpec:
+    kind: InstallerKind
+    packages: tuple[PackageSpec, ...] = ()  # apt
+    command: tuple[str, ...] = ()  # run: installer argv
+    remove_command: tuple[str, ...] = ()  # run: uninstall argv
+    detect_path: str | None = None  # run: exists exactly while installed
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    unit: str  # always with its type suffix: "nvidia-persistenced.service"
+    when: Condition = "always"
+    holds_gpus: bool = True  # keeps /dev/nvidia* open: must stop before a GPU is released or gets VFs
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    name: str
+    argv: tuple[str, ...]
+    undo_argv: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlavourSpec:
+    flavour: Flavour
+    version: str
+    installer: InstallerSpec
+    modules: tuple[str, ...]  # load order
+    services: tuple[ServiceSpec, ...]  # start order
+    post_install: tuple[CommandSpec, ...] = ()
+    sriov_manage: str | None = None  # path of NVIDIA's sriov-manage (vGPU flavour)
+
+    def packages(self, *, nvswitch: bool) -> list[PackageSpec]:
+        return [p for p in self.installer.packages if _holds(p.when, nvswitch)]
+
+    def units(self, *, nvswitch: bool) -> list[str]:
+        return [s.unit for s in self.services if _holds(s.when, nvswitch)]
+
+
+@dataclass(frozen=True, slots=True)
+class VgpuType:
+    id: int  # NVML type id: mdev type "nvidia-<id>", vendor current_vgpu_type <id>
+    name: str  # "NVIDIA L40S-4Q"
+    framebuffer_mib: int
+    max_instances: int  # per physical GPU
+
+    @property
+    def mdev_type(self) -> str:
+        return f"nvidia-{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    device: int  # PCI device id (vendor 10de)
+    name: str
+    alias: str  # default passthrough alias
+    sriov_vfs: int = 0  # 0: no SR-IOV
+    vgpu_interface: VgpuInterface | None = None  # None: no vGPU
+    vgpu_types: tuple[VgpuType, ...] = ()
+
+    @property
+    def vgpu_parent(self) -> Literal["pf", "vf"] | None:
+        """Where vGPUs live: on the PF (Turing mdev) or on the VFs (Ampere mdev, vendor interface)."""
+        if self.vgpu_interface is None:
+            return None
+        return "vf" if self.sriov_vfs else "pf"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    source: str
+    flavours: Mapping[Flavour, FlavourSpec]
+    models: Mapping[int, GpuModel]
+    estimates: Mapping[str, float] = field(default_factory=dict)
+    vm_shutdown_timeout_s: float = 120.0
+    default_estimate_s: float = 1.0
+
+    def flavour(self, flavour: Flavour) -> FlavourSpec:
+        return self.flavours[flavour]
+
+    def model(self, device: int) -> GpuModel | None:
+        return self.models.get(device)
+
+    def estimate(self, action: str) -> float:
+        return self.estimates.get(action, self.default_estimate_s)
+
+    def flavour_of_package(self, name: str) -> Flavour | None:
+        for spec in self.flavours.values():
+            if any(p.name == name for p in spec.installer.packages):
+                return spec.flavour
+        return None
+
+
+def _holds(when: Condition, nvswitch: bool) -> bool:
+    return when == "always" or nvswitch
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Load and validate a catalog file; ``None`` loads the one shipped with gpumode."""
+    source, data = read_yaml(path, "catalog.yaml")
+    return parse_catalog(data, source)
+
+
+def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
+    top = Node(source, "", data).mapping(
+        required=("version", "flavours", "gpu_models"),
+        optional=("estimates", "vm_shutdown_timeout_s", "default_estimate_s"),
+    )
+    if top["version"].value != CATALOG_VERSION:
+        raise top["version"].error(
+            f"unsupported catalog version {top['version'].value!r} (this gpumode reads v1)"
+        )
+    flavours_node = top["flavours"].mapping(required=tuple(f.value for f in Flavour))
+    flavours = {f: _flavour(f, flavours_node[f.value]) for f in Flavour}
+    models: dict[int, GpuModel] = {}
+    for key, node in top["gpu_models"].entries():
+        if not _DEVICE_ID.match(key):
+            raise node.error(
+                "GPU model keys are PCI device ids: 4 lowercase hex digits, quoted (e.g. '26b9')"
+            )
+        models[int(key, 16)] = _model(int(key, 16), node)
+    estimates: dict[str, float] = {}
+    if "estimates" in top:
+        for action, node in top["estimates"].entries():
+            if action not in ACTIONS:
+                raise node.error(f"unknown action {action!r} (known: {', '.join(ACTIONS)})")
+            estimates[action] = node.number()
+    return Catalog(
+        source=source,
+        flavours=flavours,
+        models=models,
+        estimates=estimates,
+        vm_shutdown_timeout_s=top["vm_shutdown_timeout_s"].number()
+        if "vm_shutdown_timeout_s" in top
+        else 120.0,
+        default_estimate_s=top["default_estimate_s"].number() if "default_estimate_s" in top else 1.0,
+    )
+
+
+def _flavour(flavour: Flavour, node: Node) -> FlavourSpec:
+    m = node.mapping(
+        required=("version", "installer", "modules", "services"),
+        optional=("post_install", "sriov_manage"),
+    )
+    modules = m["modules"].str_list()
+    if not modules or modules[0] != "nvidia":
+        raise m["modules"].error("must list the modules in load order, starting with 'nvidia'")
+    services = tuple(_service(n) for n in m["services"].items())
+    post = tuple(_command(n) for n in m["post_install"].items()) if "post_install" in m else ()
+    sriov_manage = m["sriov_manage"].text() if "sriov_manage" in m else None
+    if flavour is Flavour.VGPU and sriov_manage is None:
+        raise node.error("missing key 'sriov_manage' (the vGPU flavour enables SR-IOV VFs with it)")
+    return FlavourSpec(
+        flavour=flavour,
+        version=str(m["version"].text()),
+        installer=_installer(m["installer"]),
+        modules=tuple(n.replace("-", "_") for n in modules),
+        services=services,
+        post_install=post,
+        sriov_manage=sriov_manage,
+    )
+
+
+def _installer(node: Node) -> InstallerSpec:
+    kind = node.mapping(required=("kind",), optional=("packages", "command", "remove_command", "detect_path"))
+    if kind["kind"].choice(("apt", "run")) == "apt":
+        m = node.mapping(required=("kind", "packages"))
+        packages = tuple(_package(n) for n in m["packages"].items())
+        if not packages:
+            raise m["packages"].error("an apt installer needs at least one package")
+        return InstallerSpec(kind="apt", packages=packages)
+    m = node.mapping(required=("kind", "command", "remove_command", "detect_path"))
+    return InstallerSpec(
+        kind="run",
+        command=_argv(m["command"]),
+        remove_command=_argv(m["remove_command"]),
+        detect_path=m["detect_path"].text(),
+    )
+
+
+def _package(node: Node) -> PackageSpec:
+    m = node.mapping(required=("name",), optional=("when", "keep_on_remove"))
+    return PackageSpec(
+        name=m["name"].text(),
+        when=_condition(m["when"]) if "when" in m else "always",
+        keep_on_remove=m["keep_on_remove"].flag() if "keep_on_remove" in m else False,
+    )
+
+
+def _service(node: Node) -> ServiceSpec:
+    m = node.mapping(required=("name",), optional=("when", "holds_gpus"))
+    name = m["name"].text()
+    return ServiceSpec(
+        unit=name if "." in name else f"{name}.service",
+        when=_condition(m["when"]) if "when" in m else "always",
+        holds_gpus=m["holds_gpus"].flag() if "holds_gpus" in m else True,
+    )
+
+
+def _command(node: Node) -> CommandSpec:
+    m = node.mapping(required=("name", "argv"), optional=("undo_argv",))
+    return CommandSpec(
+        name=m["name"].text(),
+        argv=_argv(m["argv"]),
+        undo_argv=_argv(m["undo_argv"]) if "undo_argv" in m else None,
+    )
+
+
+def _argv(node: Node) -> tuple[str, ...]:
+    argv = node.str_list()
+    if not argv:
+        raise node.error("a command needs at least the program name")
+    return argv
+
+
+def _condition(node: Node) -> Condition:
+    return "nvswitch" if node.choice(("always", "nvswitch")) == "nvswitch" else "always"
+
+
+def _model(device: int, node: Node) -> GpuModel:
+    m = node.mapping(required=("name", "alias"), optional=("sriov_vfs", "vgpu"))
+    sriov_vfs = m["sriov_vfs"].integer() if "sriov_vfs" in m else 0
+    interface: VgpuInterface | None = None
+    types: tuple[VgpuType, ...] = ()
+    if "vgpu" in m:
+        v = m["vgpu"].mapping(required=("interface", "types"))
+        interface = "mdev" if v["interface"].choice(("mdev", "vendor")) == "mdev" else "vendor"
+        if interface == "vendor" and not sriov_vfs:
+            raise v["interface"].error("the vendor interface lives on SR-IOV VFs: set sriov_vfs")
+        types = tuple(_vgpu_type(n) for n in v["types"].items())
+        if not types:
+            raise v["types"].error("list at least one vGPU type, or drop 'vgpu'")
+        seen: set[int] = set()
+        for n, t in zip(v["types"].items(), types, strict=True):
+            if t.id in seen:
+                raise n.error(f"duplicate vGPU type id {t.id}")
+            seen.add(t.id)
+    return GpuModel(
+        device=device,
+        name=m["name"].text(),
+        alias=m["alias"].text(),
+        sriov_vfs=sriov_vfs,
+        vgpu_interface=interface,
+        vgpu_types=types,
+    )
+
+
+def _vgpu_type(node: Node) -> VgpuType:
+    m = node.mapping(required=("id", "name", "framebuffer_mib", "max_instances"))
+    return VgpuType(
+        id=m["id"].integer(minimum=1),
+        name=m["name"].text(),
+        framebuffer_mib=m["framebuffer_mib"].integer(minimum=1),
+        max_instances=m["max_instances"].integer(minimum=1),
+    )

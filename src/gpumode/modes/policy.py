@@ -1,0 +1,433 @@
+"""Which modes a request may name, and whether the host can hold the result.
+
+Two kinds of rule, both checked before any plan is made:
+
+- the whitelist (the "reference modes"): enabled platform-wide, narrowed per host group and per GPU model,
+  plus the licences the platform holds. A mode may only be requested where all levels enable it. It is
+  operator configuration (YAML, schema in ``docs/catalog.md``); :data:`DEFAULT_WHITELIST` applies otherwise.
+- compatibility: what the hardware and drivers allow. The data-center driver and the vGPU manager are two
+  builds of the same ``nvidia`` module, so a host may mix accel+passthrough or vgpu+passthrough, never
+  accel+vgpu; passthrough needs an IOMMU group; vgpu needs vGPU types for the model (from the host once the
+  vGPU manager is loaded, else from the catalog).
+
+Every refusal is a :class:`RequestError` with a stable ``code``, a message naming what was wrong, and the
+valid choices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpumode.domain import (
+    Gpu,
+    HostSnapshot,
+    Mode,
+    PciAddressError,
+    SwitchRequest,
+    VmPolicy,
+    normalize_address,
+)
+from gpumode.modes.catalog import Catalog, Node, VgpuInterface, VgpuType, read_yaml
+
+WHITELIST_VERSION = "v1"
+REQUESTABLE = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)
+HOST_DRIVER_MODES = frozenset({Mode.ACCEL, Mode.VGPU})  # the two that need (different builds of) nvidia
+
+
+class RequestError(ValueError):
+    """A switch request cannot be planned. ``code`` is stable (API, tests); ``choices`` lists what works."""
+
+    def __init__(self, code: str, message: str, choices: Sequence[str] = ()) -> None:
+        self.code = code
+        self.message = message
+        self.choices = tuple(choices)
+        text = message if not self.choices else f"{message} (valid: {', '.join(self.choices)})"
+        super().__init__(text)
+
+
+def parse_mode(text: str) -> Mode:
+    """A requestable mode from its name; ``unknown_mode`` otherwise."""
+    value = text.strip().lower()
+    for mode in REQUESTABLE:
+        if mode.value == value:
+            return mode
+    raise RequestError("unknown_mode", f"unknown mode {text!r}", [m.value for m in REQUESTABLE])
+
+
+def parse_vm_policy(text: str) -> VmPolicy:
+    try:
+        return VmPolicy(text.strip().lower())
+    except ValueError:
+        raise RequestError(
+            "unknown_vm_policy", f"unknown VM policy {text!r}", [p.value for p in VmPolicy]
+        ) from None
+
+
+# --- the whitelist ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostGroup:
+    name: str
+    hosts: tuple[str, ...]  # fnmatch patterns on the hostname
+    modes: frozenset[Mode]
+
+
+@dataclass(frozen=True, slots=True)
+class Whitelist:
+    source: str
+    platform: frozenset[Mode]
+    groups: tuple[HostGroup, ...] = ()
+    models: Mapping[int, frozenset[Mode]] = field(default_factory=dict)  # PCI device id -> modes
+    vgpu_licensed: bool = True
+
+    def group(self, hostname: str, name: str | None = None) -> HostGroup | None:
+        """The host's group: the one named, else the first whose patterns match the hostname, else none."""
+        if name is not None:
+            for g in self.groups:
+                if g.name == name:
+                    return g
+            raise RequestError(
+                "unknown_host_group",
+                f"no host group {name!r} in {self.source}",
+                [g.name for g in self.groups],
+            )
+        for g in self.groups:
+            if any(fnmatch.fnmatchcase(hostname, p) for p in g.hosts):
+                return g
+        return None
+
+
+DEFAULT_WHITELIST: dict[str, Any] = {
+    "version": "v1",
+    # Set to false when the platform holds no NVIDIA vGPU software licence: vgpu is then refused everywhere.
+    "licenses": {"vgpu": True},
+    "platform": {"modes": ["accel", "vgpu", "passthrough"]},
+    "host_groups": [],
+    "gpu_models": {},
+}
+
+
+def load_whitelist(path: str | Path | None = None) -> Whitelist:
+    """Load and validate a whitelist file; ``None`` gives :data:`DEFAULT_WHITELIST`."""
+    if path is None:
+        return parse_whitelist(DEFAULT_WHITELIST, "default whitelist")
+    source, data = read_yaml(path, "")
+    return parse_whitelist(data, source)
+
+
+def parse_whitelist(data: Any, source: str = "<whitelist>") -> Whitelist:
+    top = Node(source, "", data).mapping(
+        required=("version", "platform"), optional=("licenses", "host_groups", "gpu_models")
+    )
+    if top["version"].value != WHITELIST_VERSION:
+        raise top["version"].error(
+            f"unsupported whitelist version {top['version'].value!r} (this gpumode reads v1)"
+        )
+    platform = _modes(top["platform"].mapping(required=("modes",))["modes"])
+    licensed = True
+    if "licenses" in top:
+        licensed = top["licenses"].mapping(required=("vgpu",))["vgpu"].flag()
+    groups: list[HostGroup] = []
+    for node in top["host_groups"].items() if "host_groups" in top else []:
+        m = node.mapping(required=("name", "modes"), optional=("hosts",))
+        name = m["name"].text()
+        if any(g.name == name for g in groups):
+            raise m["name"].error(f"duplicate host group {name!r}")
+        groups.append(HostGroup(name, m["hosts"].str_list() if "hosts" in m else (), _modes(m["modes"])))
+    models: dict[int, frozenset[Mode]] = {}
+    for key, node in top["gpu_models"].entries() if "gpu_models" in top else []:
+        if len(key) != 4 or any(c not in "0123456789abcdef" for c in key):
+            raise node.error(
+                "GPU model keys are PCI device ids: 4 lowercase hex digits, quoted (e.g. '1eb8')"
+            )
+        models[int(key, 16)] = _modes(node.mapping(required=("modes",))["modes"])
+    return Whitelist(source, platform, tuple(groups), models, licensed)
+
+
+def _modes(node: Node) -> frozenset[Mode]:
+    out = set()
+    for item in node.items():
+        out.add(Mode(item.choice(tuple(m.value for m in REQUESTABLE))))
+    return frozenset(out)
+
+
+# --- vGPU offers --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VgpuOffer:
+    """The vGPU types one GPU can be carved into, and where its vGPUs live."""
+
+    interface: VgpuInterface
+    parent: Literal["pf", "vf"]  # mdev parent / vendor vGPU: the PF itself, or its VFs
+    types: tuple[VgpuType, ...]
+    num_vfs: int  # VFs available as parents (0 for "pf")
+    source: Literal["host", "catalog"]
+
+    def find(self, text: str) -> VgpuType | None:
+        """A type by full name, name without its "NVIDIA "/"GRID " prefix, ``nvidia-<id>`` or ``<id>``."""
+        wanted = text.strip().lower()
+        for t in self.types:
+            name = t.name.lower()
+            short = name.split(" ", 1)[1] if name.startswith(("nvidia ", "grid ")) else name
+            if wanted in (name, short, t.mdev_type, str(t.id)):
+                return t
+        return None
+
+
+def vgpu_offer(snapshot: HostSnapshot, gpu: Gpu, catalog: Catalog) -> VgpuOffer | None:
+    """What vGPUs ``gpu`` offers: the host's sysfs when the vGPU manager shows types, else the catalog."""
+    model = catalog.model(gpu.device)
+    known = {t.id: t for t in model.vgpu_types} if model else {}
+    pf = snapshot.function(gpu.address)
+    vfs = [f for f in (snapshot.function(a) for a in gpu.vfs) if f is not None]
+    total_vfs = (
+        pf.sriov.total_vfs if pf is not None and pf.sriov is not None else (model.sriov_vfs if model else 0)
+    )
+
+    def from_host(entries: dict[int, tuple[str, int]], *, add_catalog: bool = False) -> tuple[VgpuType, ...]:
+        # id -> (name, capacity seen on the host); the catalog's per-GPU maximum wins where it knows the type
+        merged = {
+            i: known[i] if i in known else VgpuType(i, name, 0, max(cap, 1))
+            for i, (name, cap) in entries.items()
+        }
+        if add_catalog:
+            for i, t in known.items():
+                merged.setdefault(i, t)
+        return tuple(merged[i] for i in sorted(merged))
+
+    if pf is not None and pf.mdev_types:
+        held = [m.type_id for m in pf.mdevs]
+        entries = {
+            int(t.type_id.rsplit("-", 1)[1]): (t.name, t.available_instances + held.count(t.type_id))
+            for t in pf.mdev_types
+            if t.type_id.rsplit("-", 1)[-1].isdigit()
+        }
+        return VgpuOffer("mdev", "pf", from_host(entries), 0, "host")
+    vendor = [f.vendor_vgpu for f in vfs if f.vendor_vgpu is not None]
+    if vendor:
+        entries = {i: (n, len(vfs)) for v in vendor for i, n in v.creatable.items()}
+        # creatable_vgpu_types lists only what fits beside the vGPUs now there; a re-layout removes them
+        return VgpuOffer("vendor", "vf", from_host(entries, add_catalog=True), len(vfs), "host")
+    vf_types = [t for f in vfs for t in f.mdev_types]
+    if vf_types:
+        entries = {
+            int(t.type_id.rsplit("-", 1)[1]): (t.name, len(vfs))
+            for t in vf_types
+            if t.type_id.rsplit("-", 1)[-1].isdigit()
+        }
+        return VgpuOffer("mdev", "vf", from_host(entries), len(vfs), "host")
+    if model is None or model.vgpu_interface is None or model.vgpu_parent is None:
+        return None
+    return VgpuOffer(
+        model.vgpu_interface, model.vgpu_parent, model.vgpu_types, total_vfs or model.sriov_vfs, "catalog"
+    )
+
+
+# --- request validation -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VgpuChoice:
+    """The vGPU layout one GPU is asked for, resolved against what it offers."""
+
+    offer: VgpuOffer
+    type: VgpuType
+    count: int
+
+
+@dataclass(slots=True)
+class Resolved:
+    """A validated request: the GPUs it covers (in host order) and every GPU's mode afterwards."""
+
+    request: SwitchRequest
+    gpus: list[Gpu]
+    after: dict[str, Mode]  # every GPU of the host -> its mode once the plan ran
+    vgpu: dict[str, VgpuChoice] = field(default_factory=dict)  # requested GPU -> layout (mode vgpu only)
+    group: HostGroup | None = None
+
+
+def allowed_modes(
+    snapshot: HostSnapshot, gpu: Gpu, catalog: Catalog, whitelist: Whitelist, group: HostGroup | None
+) -> dict[Mode, str | None]:
+    """For each requestable mode, ``None`` when ``gpu`` may be switched to it, else the reason it may not."""
+    out: dict[Mode, str | None] = {}
+    model_rule = whitelist.models.get(gpu.device)
+    for mode in REQUESTABLE:
+        reason: str | None = None
+        if mode not in whitelist.platform:
+            reason = f"disabled platform-wide ({whitelist.source})"
+        elif group is not None and mode not in group.modes:
+            reason = f"disabled for host group {group.name!r}"
+        elif model_rule is not None and mode not in model_rule:
+            reason = f"disabled for GPU model 10de:{gpu.device:04x}"
+        elif mode is Mode.VGPU and not whitelist.vgpu_licensed:
+            reason = "the platform holds no vGPU licence (licenses.vgpu is false)"
+        elif mode is Mode.VGPU and vgpu_offer(snapshot, gpu, catalog) is None:
+            reason = f"10de:{gpu.device:04x} offers no vGPU types (not in the catalog, none on the host)"
+        elif mode is Mode.PASSTHROUGH and gpu.iommu_group is None:
+            reason = "it has no IOMMU group (enable the IOMMU: intel_iommu=on / amd_iommu=on)"
+        out[mode] = reason
+    return out
+
+
+def resolve_request(
+    snapshot: HostSnapshot,
+    request: SwitchRequest,
+    catalog: Catalog,
+    whitelist: Whitelist,
+    *,
+    host_group: str | None = None,
+) -> Resolved:
+    """Check a request against the host, the whitelist and compatibility.
+
+    Returns the resolved request, or raises :class:`RequestError` naming the first thing wrong.
+    """
+    group = whitelist.group(snapshot.hostname, host_group)
+    if request.mode not in REQUESTABLE:
+        raise RequestError(
+            "mode_not_allowed",
+            f"mode {request.mode.value!r} cannot be requested: it is what a GPU with no driver shows",
+            [m.value for m in REQUESTABLE],
+        )
+    gpus = _requested_gpus(snapshot, request)
+    _check_options(request)
+    for gpu in gpus:
+        allowed = allowed_modes(snapshot, gpu, catalog, whitelist, group)
+        reason = allowed[request.mode]
+        if reason is not None:
+            raise RequestError(
+                "mode_not_allowed",
+                f"mode {request.mode.value!r} is not allowed for GPU {gpu.address} ({gpu.name}): {reason}",
+                [m.value for m, r in allowed.items() if r is None],
+            )
+    after = {g.address: g.mode for g in snapshot.gpus}
+    for gpu in gpus:
+        after[gpu.address] = request.mode
+    check_compatible(snapshot, after, {g.address for g in gpus})
+    resolved = Resolved(request, gpus, after, group=group)
+    if request.mode is Mode.VGPU:
+        for gpu in gpus:
+            resolved.vgpu[gpu.address] = _vgpu_choice(snapshot, gpu, request, catalog)
+    return resolved
+
+
+def _requested_gpus(snapshot: HostSnapshot, request: SwitchRequest) -> list[Gpu]:
+    present = [g.address for g in snapshot.gpus]
+    if not snapshot.gpus:
+        raise RequestError("unknown_gpu", f"host {snapshot.hostname} has no NVIDIA GPU")
+    if not request.gpus:
+        return list(snapshot.gpus)
+    wanted: set[str] = set()
+    for text in request.gpus:
+        try:
+            address = normalize_address(text)
+        except PciAddressError:
+            raise RequestError("unknown_gpu", f"{text!r} is not a PCI address", present) from None
+        if snapshot.gpu(address) is None:
+            raise RequestError("unknown_gpu", f"no GPU {address} on host {snapshot.hostname}", present)
+        wanted.add(address)
+    return [g for g in snapshot.gpus if g.address in wanted]
+
+
+def _check_options(request: SwitchRequest) -> None:
+    if request.mode is not Mode.VGPU and (request.vgpu_type is not None or request.vgpu_count is not None):
+        raise RequestError(
+            "invalid_option", f"vgpu_type / vgpu_count only apply to mode vgpu, not {request.mode.value}"
+        )
+    if request.mode is not Mode.PASSTHROUGH and request.passthrough_alias is not None:
+        raise RequestError(
+            "invalid_option", f"passthrough_alias only applies to mode passthrough, not {request.mode.value}"
+        )
+    if request.vgpu_count is not None and request.vgpu_count < 1:
+        raise RequestError("invalid_option", f"vgpu_count must be at least 1, got {request.vgpu_count}")
+    if request.passthrough_alias is not None and not request.passthrough_alias.strip():
+        raise RequestError("invalid_option", "passthrough_alias must not be empty")
+
+
+def check_compatible(snapshot: HostSnapshot, after: Mapping[str, Mode], requested: set[str]) -> None:
+    """Refuse a result holding accel and vgpu GPUs at once: they need two builds of one kernel module."""
+    driver_modes = {m for m in after.values() if m in HOST_DRIVER_MODES}
+    if len(driver_modes) < 2:
+        return
+    staying = sorted(a for a, m in after.items() if a not in requested and m in HOST_DRIVER_MODES)
+    moving = sorted(a for a in requested if after[a] in HOST_DRIVER_MODES)
+    target = after[moving[0]] if moving else Mode.VGPU
+    others = {after[a] for a in staying}
+    choices = [m.value for m in REQUESTABLE if not ({m} | others) >= HOST_DRIVER_MODES]
+    raise RequestError(
+        "incompatible_modes",
+        f"GPU(s) {', '.join(moving)} would be {target.value} while {', '.join(staying)} stay "
+        f"{'/'.join(sorted(m.value for m in others))}: the data-center driver and the vGPU manager cannot be "
+        "loaded together; include those GPUs in the request or switch them first",
+        choices,
+    )
+
+
+def _vgpu_choice(snapshot: HostSnapshot, gpu: Gpu, request: SwitchRequest, catalog: Catalog) -> VgpuChoice:
+    offer = vgpu_offer(snapshot, gpu, catalog)
+    assert offer is not None  # allowed_modes refused vgpu otherwise
+    names = [t.name for t in offer.types]
+    if request.vgpu_type is None:
+        current = _current_type(snapshot, gpu, offer)
+        if current is None:
+            raise RequestError(
+                "vgpu_type_required", f"switching GPU {gpu.address} to vgpu needs a vGPU type", names
+            )
+        vtype = current
+    else:
+        found = offer.find(request.vgpu_type)
+        if found is None:
+            raise RequestError(
+                "vgpu_type_not_offered",
+                f"GPU {gpu.address} ({gpu.name}) does not offer vGPU type {request.vgpu_type!r}",
+                names,
+            )
+        vtype = found
+    limit = vtype.max_instances
+    if offer.parent == "vf" and offer.num_vfs:
+        limit = min(limit, offer.num_vfs)  # one vGPU per VF
+    if request.vgpu_count is not None:
+        count = request.vgpu_count
+    elif request.vgpu_type is None:
+        count = _current_count(snapshot, gpu)  # a bare "vgpu" re-request keeps the layout as it is
+    else:
+        count = limit
+    if count > limit:
+        raise RequestError(
+            "vgpu_count_exceeds",
+            f"GPU {gpu.address} holds at most {limit} vGPU(s) of type {vtype.name}, {count} requested",
+            [str(n) for n in range(1, limit + 1)],
+        )
+    return VgpuChoice(offer, vtype, count)
+
+
+def _current_type(snapshot: HostSnapshot, gpu: Gpu, offer: VgpuOffer) -> VgpuType | None:
+    """The type the GPU's vGPUs have now (a vgpu GPU re-requested without a type keeps it)."""
+    if gpu.mode is not Mode.VGPU:
+        return None
+    for fn in (snapshot.function(a) for a in [gpu.address, *gpu.vfs]):
+        if fn is None:
+            continue
+        for mdev in fn.mdevs:
+            found = offer.find(mdev.type_id)
+            if found is not None:
+                return found
+        if fn.vendor_vgpu is not None and fn.vendor_vgpu.current:
+            found = offer.find(str(fn.vendor_vgpu.current))
+            if found is not None:
+                return found
+    return None
+
+
+def _current_count(snapshot: HostSnapshot, gpu: Gpu) -> int:
+    count = 0
+    for fn in (snapshot.function(a) for a in [gpu.address, *gpu.vfs]):
+        if fn is not None:
+            count += len(fn.mdevs) + (1 if fn.vendor_vgpu is not None and fn.vendor_vgpu.current else 0)
+    return count

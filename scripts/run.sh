@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[server]'
 exec .venv/bin/gpumode demo "$@"

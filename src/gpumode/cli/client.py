@@ -1,0 +1,215 @@
+"""The remote CLI's side of the REST API: where the server is, who we are, and one call that turns every
+failure into a :class:`RemoteError` carrying the server's own message.
+
+Server URL and token come from, highest first: the ``--server``/``--token`` options, the
+``GPUMODE_SERVER``/``GPUMODE_TOKEN`` environment, then the client config file
+(``~/.config/gpumode/client.toml``, or the path given by ``--config`` / ``GPUMODE_CLIENT_CONFIG``). Each value
+is resolved on its own, so a token from the environment can go with a server from the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+
+API = "/api/v1"
+DEFAULT_CONFIG = Path("~/.config/gpumode/client.toml")
+CONFIG_ENV = "GPUMODE_CLIENT_CONFIG"
+SERVER_ENV = "GPUMODE_SERVER"
+TOKEN_ENV = "GPUMODE_TOKEN"
+CONFIG_KEYS = ("server", "token")
+
+# Exit codes of the remote verbs (docs/cli.md): scripts tell "refused" from "unreachable" from "failed".
+EXIT_FAILED = 1  # a job failed or was cancelled; the server answered 404 or 5xx
+EXIT_BAD_INPUT = 2  # bad options, or the server refused the request as invalid (422)
+EXIT_CONFLICT = 3  # the server refused because of the current state (409: busy node, job already ended)
+EXIT_AUTH = 4  # 401 (no or bad token) / 403 (role too low)
+EXIT_UNREACHABLE = 5  # no server configured, or it could not be reached
+
+
+class RemoteError(Exception):
+    """A call did not succeed; ``str()`` is the one line to show, ``exit_code`` what to exit with."""
+
+    def __init__(self, message: str, exit_code: int, status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Where the server is and the bearer token to use; ``source`` says where each came from (for errors)."""
+
+    server: str
+    token: str | None
+    server_source: str
+    token_source: str
+
+
+def resolve_config(
+    server: str | None = None,
+    token: str | None = None,
+    config_path: Path | None = None,
+    environ: dict[str, str] | None = None,
+) -> ClientConfig:
+    """Resolve server and token by precedence: options > environment > config file.
+
+    A config file named explicitly (option or environment) must exist; the default one is optional.
+    """
+    env = os.environ if environ is None else environ
+    explicit = config_path or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
+    path = (explicit or DEFAULT_CONFIG).expanduser()
+    file_values = _read_config(path, required=explicit is not None)
+
+    def pick(option: str | None, env_name: str, key: str) -> tuple[str | None, str]:
+        if option:
+            return option, f"--{key}"
+        if env.get(env_name):
+            return env[env_name], env_name
+        if file_values.get(key):
+            return file_values[key], str(path)
+        return None, ""
+
+    url, url_source = pick(server, SERVER_ENV, "server")
+    secret, secret_source = pick(token, TOKEN_ENV, "token")
+    if url is None:
+        raise RemoteError(
+            f'no server given: pass --server URL, set {SERVER_ENV}, or put server = "URL" in {path}',
+            EXIT_UNREACHABLE,
+        )
+    if not url.startswith(("http://", "https://")):
+        raise RemoteError(
+            f"server {url!r} (from {url_source}) is not an http:// or https:// URL", EXIT_BAD_INPUT
+        )
+    return ClientConfig(url.rstrip("/"), secret, url_source, secret_source)
+
+
+def _read_config(path: Path, *, required: bool) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if required:
+            raise RemoteError(f"client config file {path} does not exist", EXIT_BAD_INPUT) from None
+        return {}
+    except OSError as exc:
+        raise RemoteError(f"cannot read client config file {path}: {exc.strerror}", EXIT_BAD_INPUT) from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RemoteError(f"client config file {path} is not valid TOML: {exc}", EXIT_BAD_INPUT) from exc
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise RemoteError(
+            f"client config file {path}: unknown key(s) {', '.join(unknown)}; "
+            f"known: {', '.join(CONFIG_KEYS)}",
+            EXIT_BAD_INPUT,
+        )
+    bad = [k for k, v in data.items() if not isinstance(v, str)]
+    if bad:
+        raise RemoteError(f"client config file {path}: {', '.join(bad)} must be a string", EXIT_BAD_INPUT)
+    return dict(data)
+
+
+_STATUS_EXIT = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_FAILED, 409: EXIT_CONFLICT, 422: EXIT_BAD_INPUT}
+
+
+class Client:
+    """A thin, synchronous client of ``/api/v1``: JSON in, JSON out, every failure a :class:`RemoteError`."""
+
+    def __init__(self, config: ClientConfig, *, timeout_s: float = 30.0) -> None:
+        try:
+            import httpx
+        except ImportError as exc:  # httpx comes with the `server` extra
+            raise RemoteError("the remote commands need httpx: pip install 'gpumode[server]'", 2) from exc
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
+        self._http = httpx.Client(base_url=config.server + API, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, json=body)
+
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise RemoteError(
+                f"cannot connect to the gpumode server at {self.config.server} "
+                f"(from {self.config.server_source}): {_reason(exc)}",
+                EXIT_UNREACHABLE,
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise RemoteError(
+                f"the gpumode server at {self.config.server} did not answer in time", EXIT_UNREACHABLE
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise RemoteError(
+                f"talking to the gpumode server at {self.config.server} failed: {exc}", EXIT_UNREACHABLE
+            ) from exc
+        if response.is_success:
+            return response.json() if response.content else None
+        raise self._refusal(response)
+
+    def _refusal(self, response: httpx.Response) -> RemoteError:
+        message = server_message(response)
+        if response.status_code == 401 and not self.config.token:
+            message += f" (no token given: pass --token, set {TOKEN_ENV}, or put token in the config file)"
+        code = _STATUS_EXIT.get(response.status_code, EXIT_FAILED)
+        return RemoteError(f"{response.status_code}: {message}", code, response.status_code)
+
+
+def server_message(response: httpx.Response) -> str:
+    """The server's ``detail`` as one line; a validation error lists each ``where: what``."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, dict):  # a refused switch: {"code", "message", "choices"} or {"message", "job"}
+        message = str(detail.get("message") or detail.get("code") or detail)
+        if detail.get("choices"):
+            message += f" (choose from: {', '.join(str(c) for c in detail['choices'])})"
+        if detail.get("job") is not None:
+            message += f" (see: gpumode job {detail['job']})"
+        return message
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                loc = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+                parts.append(f"{loc}: {item.get('msg', '')}" if loc else str(item.get("msg", "")))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return response.reason_phrase or "request failed"
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    return "connection refused" if "refused" in text.lower() else text or type(exc).__name__

@@ -1,0 +1,301 @@
+"""Remote verbs: talk to a gpumode server about the whole fleet (``nodes``, ``gpus``, ``cards``, ``modes``,
+``events``, ``token``, and the switch jobs in :mod:`gpumode.cli.remote_jobs`).
+
+Every verb takes ``--server``, ``--token`` and ``--config`` (:mod:`gpumode.cli.client` has the precedence),
+prints Rich tables (or ``--json``: the server's JSON, unchanged), and on any refusal prints one line, the
+server's own message, and exits with the code documented in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console, RenderableType
+
+from gpumode.cli import render
+from gpumode.cli.client import EXIT_BAD_INPUT, Client, RemoteError, resolve_config
+
+ServerOpt = typer.Option(None, "--server", "-s", help="Server URL [env GPUMODE_SERVER, config `server`].")
+TokenOpt = typer.Option(None, "--token", "-t", help="API token [env GPUMODE_TOKEN, config `token`].")
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    help="Client config file [env GPUMODE_CLIENT_CONFIG; default ~/.config/gpumode/client.toml].",
+)
+JsonOpt = typer.Option(False, "--json", help="Print the server's JSON instead of a table.")
+NodeOpt = typer.Option(None, "--node", "-n", help="Only this node.")
+
+MODES = ("accel", "vgpu", "passthrough")
+ROLES = ("viewer", "operator", "admin")
+
+
+def out() -> Console:
+    """A console on the current stdout; wide when not a terminal, so piped tables keep every column."""
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    """Print ``error: message`` on stderr and return the exit to raise."""
+    Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200).print(
+        f"[bold red]error:[/] {message}", soft_wrap=True
+    )
+    return typer.Exit(code)
+
+
+@contextmanager
+def connect(server: str | None, token: str | None, config: Path | None) -> Iterator[Client]:
+    """A client for the resolved server; any :class:`RemoteError` inside becomes one line and an exit code."""
+    try:
+        with Client(resolve_config(server, token, config)) as client:
+            yield client
+    except RemoteError as exc:
+        raise fail(str(exc), exc.exit_code) from None
+
+
+def show(data: Any, as_json: bool, view: RenderableType | None = None) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif view is not None:
+        out().print(view)
+
+
+def check_choice(value: str | None, allowed: tuple[str, ...], option: str) -> None:
+    if value is not None and value not in allowed:
+        raise fail(f"{option} {value!r} is not one of: {', '.join(allowed)}", EXIT_BAD_INPUT)
+
+
+# --- inventory ----------------------------------------------------------------------------------------------
+
+
+def nodes(
+    group: str | None = typer.Option(None, "--group", help="Only nodes of this host group."),
+    mode: str | None = typer.Option(None, "--mode", "-m", help="Only nodes in this mode."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """List the nodes: mode, driver state, GPU count, when last seen."""
+    check_choice(mode, (*MODES, "none", "mixed"), "--mode")
+    with connect(server, token, config) as client:
+        data = client.get("/nodes", group=group, mode=mode)
+    show(data, as_json, render.nodes_table(data) if data else "no nodes have joined yet")
+
+
+def gpus(
+    node: str | None = NodeOpt,
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """List the GPUs of every node (or one): model, mode, driver, vGPUs, IOMMU companions."""
+    with connect(server, token, config) as client:
+        names = [node] if node else [n["name"] for n in client.get("/nodes")]
+        details = [client.get(f"/nodes/{name}") for name in names]
+    if as_json:
+        show([{"node": d["name"], **g} for d in details for g in d.get("gpus", [])], True)
+        return
+    if not any(d.get("gpus") for d in details):
+        out().print("no GPUs reported")
+        return
+    out().print(render.gpus_table(details))
+
+
+def cards(
+    node: str | None = NodeOpt,
+    status: str | None = typer.Option(None, "--status", help="free, in_use, reserved or lost."),
+    kind: str | None = typer.Option(None, "--kind", help="accel, vgpu or passthrough."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """List the cloud platform's cards (one per accel GPU, vGPU, or passthrough GPU)."""
+    check_choice(status, ("free", "in_use", "reserved", "lost"), "--status")
+    check_choice(kind, MODES, "--kind")
+    with connect(server, token, config) as client:
+        data = client.get("/cards", node=node, status=status, kind=kind)
+    show(data, as_json, render.cards_table(data) if data else "no cards")
+
+
+def events(
+    node: str | None = NodeOpt,
+    kind: str | None = typer.Option(None, "--kind", help="An event kind, or a prefix ending in '.'."),
+    severity: str | None = typer.Option(None, "--severity", help="info, warning or critical."),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000, help="How many, newest first."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Show events (hardware changes, card changes, alarms), newest first."""
+    check_choice(severity, ("info", "warning", "critical"), "--severity")
+    with connect(server, token, config) as client:
+        data = client.get("/events", node=node, kind=kind, severity=severity, limit=limit)
+    show(data, as_json, render.events_table(data) if data else "no events")
+
+
+# --- the whitelist ------------------------------------------------------------------------------------------
+
+modes_app = typer.Typer(
+    help="The mode whitelist: show it, or (admins) change it.", invoke_without_command=True
+)
+
+
+@modes_app.callback()
+def modes_show(
+    ctx: typer.Context,
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Show the enabled modes: the platform's reference list, narrowed per host group and per GPU model."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with connect(server, token, config) as client:
+        data = client.get("/modes")
+    show(data, as_json, render.whitelist_view(data))
+
+
+def _modes(text: str, what: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise fail(f"{what}: {', '.join(bad)} is not a mode (use {', '.join(MODES)})", EXIT_BAD_INPUT)
+    return modes
+
+
+def _assignments(values: list[str], what: str) -> dict[str, list[str] | None]:
+    """``NAME=MODE,MODE`` pairs; ``NAME=`` (nothing after '=') removes that entry."""
+    result: dict[str, list[str] | None] = {}
+    for value in values:
+        name, sep, modes = value.partition("=")
+        if not sep or not name.strip():
+            raise fail(f"{what} {value!r}: expected NAME=MODE[,MODE...] (or NAME= to remove)", EXIT_BAD_INPUT)
+        result[name.strip()] = _modes(modes, f"{what} {name.strip()}") if modes.strip() else None
+    return result
+
+
+@modes_app.command("set")
+def modes_set(
+    platform: str | None = typer.Option(None, "--platform", help="The reference list, e.g. accel,vgpu."),
+    group: list[str] = typer.Option([], "--group", help="GROUP=MODES (repeat); GROUP= removes the rule."),
+    model: list[str] = typer.Option([], "--model", help="VENDOR:DEVICE=MODES (repeat); KEY= removes it."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Change the whitelist (admin): the levels you name change, the others stay as they are."""
+    if platform is None and not group and not model:
+        raise fail("nothing to change: give --platform, --group or --model", EXIT_BAD_INPUT)
+    new_platform = _modes(platform, "--platform") if platform is not None else None
+    groups, models = _assignments(group, "--group"), _assignments(model, "--model")
+    with connect(server, token, config) as client:
+        doc = client.get("/modes")
+        if new_platform is not None:
+            doc["platform"] = new_platform
+        for key, section in (("groups", groups), ("models", models)):
+            for name, modes in section.items():
+                if modes is None:
+                    doc[key].pop(name, None)
+                else:
+                    doc[key][name] = modes
+        data = client.put("/modes", doc)
+    show(data, as_json, render.whitelist_view(data))
+
+
+# --- tokens -------------------------------------------------------------------------------------------------
+
+token_app = typer.Typer(help="API tokens and join tokens (admin).", no_args_is_help=True)
+
+
+@token_app.command("create")
+def token_create(
+    role: str = typer.Option(..., "--role", "-r", help="viewer, operator or admin."),
+    name: str | None = typer.Option(None, "--name", help="What the token is for [default: ROLE-cli]."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Create an API token; its secret is printed once."""
+    check_choice(role, ROLES, "--role")
+    with connect(server, token, config) as client:
+        data = client.post("/tokens", {"name": name or f"{role}-cli", "role": role})
+    if as_json:
+        show(data, True)
+        return
+    console = out()
+    console.print(f"{data['role']} token {data['name']!r} (id {data['id']}), shown once:")
+    sys.stdout.write(f"{data['token']}\n")
+
+
+@token_app.command("join")
+def token_join(
+    name: str = typer.Option("cli", "--name", help="What the join token is for."),
+    uses: int = typer.Option(1, "--uses", min=0, help="How many hosts may join with it; 0: unlimited."),
+    expires_in: int = typer.Option(86400, "--expires-in", min=0, help="Seconds it stays valid; 0: never."),
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Create a join token and print the `gpumode agent` command a host joins with."""
+    body = {"name": name, "uses": uses or None, "expires_in_s": expires_in or None}
+    with connect(server, token, config) as client:
+        data = client.post("/join-tokens", body)
+    if as_json:
+        show(data, True)
+        return
+    uses_text = "unlimited uses" if data.get("uses_left") is None else f"{data['uses_left']} use(s)"
+    until = render.clock(data.get("expires_at")) if data.get("expires_at") else "never"
+    out().print(f"join token {data['name']!r} (id {data['id']}; {uses_text}; expires {until}). On each host:")
+    sys.stdout.write(f"  {data['join_command']}\n")
+
+
+@token_app.command("list")
+def token_list(
+    as_json: bool = JsonOpt,
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """List API tokens (never their secrets)."""
+    with connect(server, token, config) as client:
+        data = client.get("/tokens")
+    show(data, as_json, render.tokens_table(data))
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: int = typer.Argument(..., help="The token's id (see `gpumode token list`)."),
+    server: str | None = ServerOpt,
+    token: str | None = TokenOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Revoke an API token; calls made with it fail from now on."""
+    with connect(server, token, config) as client:
+        data = client.delete(f"/tokens/{token_id}")
+    out().print(f"revoked token {data['name']!r} (id {data['id']})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the remote verbs to the main app (one line in cli/main.py)."""
+    from gpumode.cli import remote_jobs  # it builds on this module's options and helpers
+
+    app.command("nodes")(nodes)
+    app.command("gpus")(gpus)
+    app.command("cards")(cards)
+    app.command("events")(events)
+    app.add_typer(modes_app, name="modes")
+    app.add_typer(token_app, name="token")
+    remote_jobs.register(app)

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import typer
 
+from gpumode.cli import agent as _agent
+from gpumode.cli import demo as _demo
 from gpumode.cli import discover as _discover
 from gpumode.cli import emulate as _emulate
+from gpumode.cli import local as _local
+from gpumode.cli import remote as _remote
+from gpumode.cli import server as _server
 
 app = typer.Typer(
     name="gpumode",
@@ -18,3 +23,11 @@ app = typer.Typer(
 
 app.command("discover")(_discover.discover)
 app.add_typer(_emulate.app, name="emulate")
+app.command("plan")(_local.plan)
+app.command("apply")(_local.apply)
+app.command("assert")(_local.assert_)
+app.command("status")(_local.status)
+app.command("server")(_server.server)
+app.command("agent")(_agent.agent)
+_remote.register(app)
+app.command("demo")(_demo.demo)

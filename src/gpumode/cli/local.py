@@ -1,0 +1,451 @@
+"""Local verbs on one host, no server: ``plan``, ``apply``, ``assert``, ``status``.
+
+Exit codes (scripts and the agent rely on them):
+
+- 0: done (``assert``: the host is in that mode);
+- 1: the switch failed (and was rolled back, or stopped with ``--no-rollback``), or ``assert`` found
+  differences;
+- 2: bad input (unknown mode, mode not allowed, accel+vgpu, unknown vGPU type or GPU, too many vGPUs, a bad
+  config file) — nothing was changed;
+- 3: another gpumode runner holds the host, or an unfinished run could not be settled.
+
+The heavy modules (discovery, the engine) are imported inside each command so ``gpumode --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import typer
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from gpumode.domain import Plan, SwitchRequest
+    from gpumode.modes.engine import ApplyResult, HostStatus
+    from gpumode.modes.run import ProgressEvent, RunResult
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_BUSY = 3
+
+console = Console()
+err_console = Console(stderr=True)
+
+RootOpt = typer.Option("/", "--root", help="Root directory of the host (an emulated host's directory).")
+ModeOpt = typer.Option(None, "--mode", "-m", help="Target mode: accel, vgpu or passthrough.")
+GpuOpt = typer.Option(None, "--gpu", "-g", help="A GPU's PCI address (repeat for several; default: all).")
+VgpuTypeOpt = typer.Option(None, "--vgpu-type", help="vGPU type: name (L40S-4Q) or id (nvidia-1150, 1150).")
+CountOpt = typer.Option(None, "--count", help="vGPUs per GPU (default: as many as the type allows).")
+AliasOpt = typer.Option(None, "--alias", help="Passthrough alias the compute service schedules by.")
+VmPolicyOpt = typer.Option(
+    "gpu",
+    "--vm-policy",
+    help="Running VMs: all (stop every VM), gpu (only those "
+    "holding the GPUs), refuse (fail if any VM is in the way).",
+)
+JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn the engine's exceptions into one clear line and the documented exit code."""
+    from gpumode.domain import PciAddressError
+    from gpumode.modes.catalog import ConfigError
+    from gpumode.modes.desired import DesiredStateError
+    from gpumode.modes.engine import EngineError
+    from gpumode.modes.journal import EngineBusy, JournalError
+    from gpumode.modes.policy import RequestError
+
+    try:
+        yield
+    except (RequestError, ConfigError, DesiredStateError, PciAddressError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except (EngineBusy, EngineError, JournalError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_BUSY) from None
+
+
+def _request(
+    mode: str | None,
+    gpus: list[str] | None,
+    vgpu_type: str | None,
+    count: int | None,
+    alias: str | None,
+    vm_policy: str,
+) -> SwitchRequest:
+    from gpumode.domain import SwitchRequest
+    from gpumode.modes.policy import RequestError, parse_mode, parse_vm_policy
+
+    if mode is None:
+        raise RequestError("missing_mode", "--mode is required", ["accel", "vgpu", "passthrough"])
+    return SwitchRequest(
+        mode=parse_mode(mode),
+        gpus=list(gpus or []),
+        vgpu_type=vgpu_type,
+        vgpu_count=count,
+        passthrough_alias=alias,
+        vm_policy=parse_vm_policy(vm_policy),
+    )
+
+
+# --- plan ---------------------------------------------------------------------------------------------------
+
+
+def plan(
+    mode: str = ModeOpt,
+    gpu: list[str] = GpuOpt,
+    vgpu_type: str = VgpuTypeOpt,
+    count: int = CountOpt,
+    alias: str = AliasOpt,
+    vm_policy: str = VmPolicyOpt,
+    root: str = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the steps and the impact of a switch. Changes nothing."""
+    from gpumode.host.root import Host
+    from gpumode.modes import engine
+
+    with _errors():
+        the_plan = engine.plan(Host(root), _request(mode, gpu, vgpu_type, count, alias, vm_policy))
+    if as_json:
+        print(json.dumps(the_plan.to_dict(), indent=2, default=str))
+        return
+    render_plan(the_plan)
+
+
+def render_plan(the_plan: Plan) -> None:
+    table = Table(title=f"plan for {the_plan.hostname}: {the_plan.request.mode.value}", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("action")
+    table.add_column("target")
+    table.add_column("what")
+    table.add_column("where")
+    table.add_column("est.", justify="right")
+    for n, step in enumerate(the_plan.steps, 1):
+        style = "dim" if step.where != "host" else ""
+        table.add_row(
+            str(n),
+            step.action,
+            step.target,
+            step.description,
+            step.where,
+            f"{step.estimate_s:g}s",
+            style=style,
+        )
+    console.print(table)
+    console.print(_impact(the_plan))
+
+
+def _impact(the_plan: Plan) -> Table:
+    imp = the_plan.impact
+    table = Table(title="impact", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for address, (now, after) in sorted(imp.gpus.items()):
+        table.add_row(f"GPU {address}", f"{now.value} → {after.value}")
+    rows: list[tuple[str, list[str]]] = [
+        ("VMs stopped", imp.vms_stopped),
+        ("devices detached", imp.devices_detached),
+        ("vGPUs reclaimed", imp.vgpus_reclaimed),
+        ("modules unloaded", imp.modules_unloaded),
+        ("modules loaded", imp.modules_loaded),
+        ("packages removed", imp.packages_removed),
+        ("packages installed", imp.packages_installed),
+    ]
+    for label, values in rows:
+        if values:
+            table.add_row(label, ", ".join(values))
+    table.add_row("driver change", "yes" if imp.driver_change else "no")
+    table.add_row("reboot required", "[bold red]yes[/]" if imp.reboot_required else "no")
+    table.add_row("estimated time", f"{imp.estimated_seconds:g} s")
+    return table
+
+
+# --- apply --------------------------------------------------------------------------------------------------
+
+
+def apply(
+    mode: str = ModeOpt,
+    gpu: list[str] = GpuOpt,
+    vgpu_type: str = VgpuTypeOpt,
+    count: int = CountOpt,
+    alias: str = AliasOpt,
+    vm_policy: str = VmPolicyOpt,
+    root: str = RootOpt,
+    resume: bool = typer.Option(False, "--resume", help="Only finish the unfinished run (after a crash)."),
+    rollback: bool = typer.Option(
+        False, "--rollback", help="Undo the unfinished run (alone, or before applying --mode)."
+    ),
+    no_rollback: bool = typer.Option(
+        False, "--no-rollback", help="On failure, stop where it is instead of undoing the plan."
+    ),
+    from_desired: bool = typer.Option(
+        False, "--from-desired", help="Re-apply each GPU's desired mode (at boot)."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Switch the host: plan, confirm, run with a journal; finish or undo an unfinished run first."""
+    from gpumode.domain import VmPolicy
+    from gpumode.host.root import Host
+    from gpumode.modes import engine
+    from gpumode.modes.policy import RequestError, parse_vm_policy
+
+    host = Host(root)
+    with _errors():
+        if sum((resume, rollback and mode is None, from_desired, mode is not None)) != 1:
+            raise RequestError(
+                "bad_options",
+                "give exactly one of --mode, --resume, --rollback (alone) or --from-desired",
+            )
+        if resume and rollback:
+            raise RequestError("bad_options", "--resume and --rollback exclude each other")
+        if mode is None and (gpu or vgpu_type or count is not None or alias):
+            raise RequestError("bad_options", "--gpu, --vgpu-type, --count and --alias go with --mode")
+        progress = _Progress(quiet=as_json)
+        results: list[RunResult] = []
+        if resume or (rollback and mode is None):
+            with progress.live():
+                if resume:
+                    run = engine.resume(host, progress, rollback_on_failure=not no_rollback)
+                else:
+                    run = engine.rollback(host, progress)
+            if run is None:
+                _say(as_json, {"state": "nothing-to-do"}, "no unfinished run on this host")
+                return
+            results.append(run)
+            ok = run.state.value == ("done" if resume else "rolled-back")
+        elif from_desired:
+            policy = parse_vm_policy(vm_policy) if vm_policy else VmPolicy.GPU
+            with progress.live():
+                outcomes = engine.apply_desired(
+                    host, progress, vm_policy=policy, rollback_on_failure=not no_rollback
+                )
+            if not outcomes:
+                _say(as_json, {"state": "nothing-to-do"}, "no desired state recorded on this host")
+                return
+            results.extend(r for o in outcomes for r in _runs(o))
+            ok = all(o.ok for o in outcomes)
+        else:
+            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy)
+            if not yes and not as_json:
+                the_plan = engine.plan(host, request)
+                render_plan(the_plan)
+                if not sys.stdin.isatty():
+                    raise RequestError(
+                        "needs_confirmation", "not a terminal: pass --yes to apply without asking"
+                    )
+                if not typer.confirm("apply this plan?", default=False):
+                    raise typer.Exit(EXIT_FAILED)
+            with progress.live():
+                outcome = engine.apply(
+                    host, request, progress, rollback_on_failure=not no_rollback, rollback_unfinished=rollback
+                )
+            results.extend(_runs(outcome))
+            ok = outcome.ok
+    _summary(results, as_json)
+    if not ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _runs(outcome: ApplyResult) -> list[RunResult]:
+    return [r for r in (outcome.previous, outcome.run) if r is not None]
+
+
+def _say(as_json: bool, data: dict[str, Any], text: str) -> None:
+    if as_json:
+        print(json.dumps(data))
+    else:
+        console.print(text)
+
+
+def _summary(results: list[RunResult], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([_run_dict(r) for r in results], indent=2, default=str))
+        return
+    for r in results:
+        counts: dict[str, int] = {}
+        for s in r.steps:
+            counts[s.state.value] = counts.get(s.state.value, 0) + 1
+        spent = sum(s.elapsed_s or 0.0 for s in r.steps)
+        tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        if r.state.value == "done":
+            console.print(f"[bold green]✔ run {r.plan_id} done[/]: {tally} ({spent:.2f} s)")
+        elif r.state.value == "rolled-back":
+            console.print(
+                f"[bold yellow]↺ run {r.plan_id} rolled back[/]: {tally}; {r.error}", highlight=False
+            )
+        else:
+            console.print(
+                f"[bold red]✘ run {r.plan_id} stopped[/]: {tally}; {r.error}\n"
+                "  the host is left where it stopped: `gpumode apply --resume` or `gpumode apply --rollback`",
+                highlight=False,
+            )
+        console.print(f"  journal: {r.journal_path}", style="dim", highlight=False)
+
+
+def _run_dict(r: RunResult) -> dict[str, Any]:
+    return {
+        "plan_id": r.plan_id,
+        "state": r.state.value,
+        "error": r.error,
+        "journal": str(r.journal_path),
+        "steps": [asdict(s) for s in r.steps],
+    }
+
+
+class _Progress:
+    """A live table, one line per step reached: state and elapsed time; fed by the runner's events."""
+
+    _STYLE: ClassVar[dict[str, str]] = {
+        "started": "cyan", "done": "green", "skipped": "dim", "failed": "bold red",
+        "undoing": "yellow", "undone": "yellow", "pending": "dim",
+    }  # fmt: skip
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.quiet = quiet
+        self.rows: dict[tuple[str, int, str], list[Any]] = {}
+        self.plan_id = ""
+        self.total = 0
+
+    def __call__(self, event: ProgressEvent) -> None:
+        self.plan_id, self.total = event.plan_id, event.total
+        key = (event.plan_id, event.index, event.phase)
+        row = self.rows.setdefault(key, [event, time.monotonic(), None])
+        row[0] = event
+        if event.state.value in ("started", "undoing"):
+            row[1], row[2] = time.monotonic(), None
+        else:
+            row[2] = event.elapsed_s if event.elapsed_s is not None else time.monotonic() - row[1]
+
+    def __rich__(self) -> RenderableType:
+        table = Table(box=None, padding=(0, 1), show_header=False)
+        table.add_column(justify="right")
+        table.add_column()
+        table.add_column()
+        table.add_column(justify="right")
+        for (_, index, phase), (event, started, elapsed) in self.rows.items():
+            state = event.state.value
+            running = state in ("started", "undoing")
+            mark: RenderableType = (
+                Spinner("dots") if running else Text(state, style=self._STYLE.get(state, ""))
+            )
+            seconds = time.monotonic() - started if elapsed is None else elapsed
+            what = f"{'undo ' if phase == 'undo' else ''}{event.step.action} {event.step.target}"
+            if event.error:
+                what += f"\n  {event.error}"
+            table.add_row(f"{index + 1}/{event.total}", mark, Text(what), f"{seconds:.2f}s")
+        return Group(Text(f"run {self.plan_id}", style="bold"), table) if self.rows else Text("")
+
+    @contextmanager
+    def live(self) -> Iterator[None]:
+        if self.quiet:
+            yield
+            return
+        with Live(self, console=console, refresh_per_second=8, transient=False):
+            yield
+
+
+# --- assert / status ----------------------------------------------------------------------------------------
+
+
+def assert_(
+    mode: str = typer.Option(..., "--mode", "-m", help="accel, vgpu, passthrough or none."),
+    gpu: list[str] = GpuOpt,
+    root: str = RootOpt,
+) -> None:
+    """Exit 0 only if the host (or the given GPUs) is in MODE, companions' drivers included; else list why."""
+    from gpumode.domain import Mode
+    from gpumode.host.root import Host
+    from gpumode.modes import engine
+    from gpumode.modes.policy import RequestError
+
+    with _errors():
+        try:
+            wanted = Mode(mode.strip().lower())
+        except ValueError:
+            raise RequestError("unknown_mode", f"unknown mode {mode!r}", [m.value for m in Mode]) from None
+        differences = engine.assert_mode(Host(root), wanted, list(gpu or []))
+    if differences:
+        for line in differences:
+            console.print(f"[red]✘[/] {line}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+    console.print(f"[green]✔[/] in mode {wanted.value}")
+
+
+def status(root: str = RootOpt, as_json: bool = JsonOpt) -> None:
+    """Current and desired mode per GPU, and any unfinished run."""
+    from gpumode.host.root import Host
+    from gpumode.modes import engine
+
+    with _errors():
+        st = engine.status(Host(root))
+    if as_json:
+        print(json.dumps(_status_dict(st), indent=2, default=str))
+        return
+    table = Table(title=f"{st.hostname or 'host'}: {st.driver_state}", title_justify="left")
+    for col in ("GPU", "model", "mode", "desired", "driver", "vGPUs", "companions"):
+        table.add_column(col)
+    for g in st.gpus:
+        desired = g.desired.mode.value if g.desired else "-"
+        mode_style = "green" if g.converged else "bold red"
+        companions = ", ".join(f"{a} ({d or 'none'})" for a, d in g.companions.items()) or "-"
+        table.add_row(
+            g.address, g.name, Text(g.mode.value, style=mode_style), desired, g.driver or "none",
+            str(g.vgpus), companions,
+        )  # fmt: skip
+    console.print(table)
+    if st.unfinished is not None:
+        j = st.unfinished
+        done = sum(1 for s in j.steps if s.state.value in ("done", "skipped"))
+        console.print(
+            f"[bold yellow]unfinished run[/] {j.plan_id} ({j.plan.request.mode.value}): {j.state.value}, "
+            f"{done}/{len(j.steps)} steps; {j.error or ''}\n"
+            "  `gpumode apply --resume` finishes it, `gpumode apply --rollback` undoes it",
+            highlight=False,
+        )
+    elif st.last is not None:
+        console.print(f"last run {st.last.plan_id}: {st.last.state.value}", style="dim", highlight=False)
+    for problem in st.problems:
+        console.print(f"[yellow]![/] {problem}", highlight=False)
+
+
+def _status_dict(st: HostStatus) -> dict[str, Any]:
+    return {
+        "hostname": st.hostname,
+        "driver_state": st.driver_state,
+        "gpus": [
+            {
+                "address": g.address,
+                "name": g.name,
+                "mode": g.mode.value,
+                "driver": g.driver,
+                "desired": g.desired.to_dict() if g.desired else None,
+                "companions": g.companions,
+                "vgpus": g.vgpus,
+            }
+            for g in st.gpus
+        ],
+        "unfinished": None
+        if st.unfinished is None
+        else {
+            "plan_id": st.unfinished.plan_id,
+            "state": st.unfinished.state.value,
+            "error": st.unfinished.error,
+            "steps": {s.id: s.state.value for s in st.unfinished.steps},
+        },
+        "last": None if st.last is None else {"plan_id": st.last.plan_id, "state": st.last.state.value},
+        "problems": st.problems,
+    }

@@ -131,4 +131,4 @@ def _gpumode_argv() -> list[str]:
     script = Path(sys.executable).with_name("gpumode")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-c", "from gpumode.cli.main import app; app()"]
+    return [sys.executable, "-c", "from gpumode.cli.main import main; main()"]

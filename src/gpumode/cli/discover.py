@@ -61,15 +61,13 @@ def render(snapshot: HostSnapshot, console: Console) -> None:
         driver = f"{nv.flavour or '?'} {nv.version or '?'} ({build})"
     elif nv.flavour:
         driver = f"not loaded ({nv.flavour} packages installed)"
-    services = ", ".join(
-        f"[green]{unit.removesuffix('.service')}[/]" if active else f"[dim]{unit.removesuffix('.service')}[/]"
-        for unit, active in nv.services.items()
-    )
+    # only running units: a colour alone would not tell them apart on a terminal without colour
+    services = ", ".join(unit.removesuffix(".service") for unit, active in nv.services.items() if active)
     console.print(
         f"[bold]{snapshot.hostname or '?'}[/]  kernel {snapshot.kernel or '?'}  "
         f"driver state [bold]{snapshot.driver_state}[/]"
     )
-    console.print(f"nvidia: {driver}" + (f"  services: {services}" if services else ""))
+    console.print(f"nvidia: {driver}" + f"  services running: {services or 'none'}")
 
     by_address = {fn.address: fn for fn in snapshot.functions}
     if snapshot.gpus:

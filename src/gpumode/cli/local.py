@@ -293,7 +293,7 @@ def _summary(results: list[RunResult], as_json: bool) -> None:
                 "  the host is left where it stopped: `gpumode apply --resume` or `gpumode apply --rollback`",
                 highlight=False,
             )
-        console.print(f"  journal: {r.journal_path}", style="dim", highlight=False)
+        console.print(f"  journal: {r.journal_path}", style="dim", highlight=False, soft_wrap=True)
 
 
 def _run_dict(r: RunResult) -> dict[str, Any]:
@@ -319,6 +319,7 @@ class _Progress:
         self.rows: dict[tuple[str, int, str], list[Any]] = {}
         self.plan_id = ""
         self.total = 0
+        self.lines = False  # off a terminal: one plain line per finished step instead of a live table
 
     def __call__(self, event: ProgressEvent) -> None:
         self.plan_id, self.total = event.plan_id, event.total
@@ -329,6 +330,13 @@ class _Progress:
             row[1], row[2] = time.monotonic(), None
         else:
             row[2] = event.elapsed_s if event.elapsed_s is not None else time.monotonic() - row[1]
+            if self.lines:
+                what = f"{'undo ' if event.phase == 'undo' else ''}{event.step.action} {event.step.target}"
+                error = f": {event.error}" if event.error else ""
+                console.print(
+                    f"{event.index + 1}/{event.total} {event.state.value:8} {what} {row[2]:.2f}s{error}",
+                    highlight=False,
+                )
 
     def __rich__(self) -> RenderableType:
         table = Table(box=None, padding=(0, 1), show_header=False)
@@ -352,6 +360,10 @@ class _Progress:
     @contextmanager
     def live(self) -> Iterator[None]:
         if self.quiet:
+            yield
+            return
+        if not console.is_terminal:
+            self.lines = True
             yield
             return
         with Live(self, console=console, refresh_per_second=8, transient=False):

@@ -286,16 +286,3 @@ def token_revoke(
     with connect(server, token, config) as client:
         data = client.delete(f"/tokens/{token_id}")
     out().print(f"revoked token {data['name']!r} (id {data['id']})")
-
-
-def register(app: typer.Typer) -> None:
-    """Add the remote verbs to the main app (one line in cli/main.py)."""
-    from gpumode.cli import remote_jobs  # it builds on this module's options and helpers
-
-    app.command("nodes")(nodes)
-    app.command("gpus")(gpus)
-    app.command("cards")(cards)
-    app.command("events")(events)
-    app.add_typer(modes_app, name="modes")
-    app.add_typer(token_app, name="token")
-    remote_jobs.register(app)

@@ -249,10 +249,3 @@ def _finish(final: dict[str, Any], as_json: bool) -> None:
         out().print(line, style=render.JOB_STYLE.get(str(state), ""))
     if final.get("state") != "succeeded":
         raise typer.Exit(EXIT_FAILED)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("switch")(switch)
-    app.command("jobs")(jobs)
-    app.command("job")(job)
-    app.command("cancel")(cancel)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 from typer.testing import CliRunner
 
@@ -60,7 +61,7 @@ def test_migrations_match_the_models(engine: Engine) -> None:
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     assert diff == []
-    assert db.current_revision(engine) == "0001"
+    assert db.current_revision(engine) == ScriptDirectory.from_config(db.alembic_config()).get_current_head()
     db.upgrade(engine)  # idempotent
     assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
 
@@ -81,7 +82,7 @@ def test_cli_init_creates_database_and_prints_tokens(tmp_path: Path) -> None:
         and "gpumode agent --server http://127.0.0.1:8443 --token gpmj_" in result.output
     )
     engine = db.make_engine(str(path))
-    assert db.current_revision(engine) == "0001"
+    assert db.current_revision(engine) == ScriptDirectory.from_config(db.alembic_config()).get_current_head()
     engine.dispose()
     again = CliRunner().invoke(cli, ["server", "--init", "--db", str(path)])
     assert again.exit_code == 0 and "additional tokens" in again.output

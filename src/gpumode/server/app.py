@@ -15,11 +15,13 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpumode import __version__
-from gpumode.server import db
+from gpumode.server import db, rollouts
+from gpumode.server import jobs as switch_jobs
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
 from gpumode.server.metrics import Metrics
-from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens
+from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens, work
+from gpumode.server.routes import jobs as job_routes
 from gpumode.server.settings import Settings
 from gpumode.server.state import ServerState
 
@@ -36,6 +38,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(db.upgrade, engine)
+        await run_in_threadpool(_recover_jobs, state)
         yield
 
     app = FastAPI(
@@ -48,7 +51,9 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gpumode = state
-    for module in (agents, nodes, reports, cards, modes, events, tokens):
+    app.state.gpumode_work = work.WorkNotifier()
+    state.metrics.registry.register(switch_jobs.JobsCollector(sessions))
+    for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
         app.include_router(module.router, prefix=API)
     app.include_router(health.router)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -57,6 +62,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(AuditMiddleware, sessions=lambda: state.sessions)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
+
+
+def _recover_jobs(state: ServerState) -> None:
+    """Jobs and rollouts carry on after a restart: finish cloud steps left undone, move rollouts on."""
+    with state.sessions() as session:
+        switch_jobs.recover(session, state.platform_factory(session))
+        for rollout_id in rollouts.running_ids(session):
+            rollouts.advance(session, rollout_id)
+        session.commit()
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

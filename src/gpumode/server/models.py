@@ -6,7 +6,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -54,6 +65,8 @@ class Node(Base):
     gpu_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when the snapshot last changed
+    # The VMs the agent last reported (``gpumode.host.vms.Vm`` as JSON); the server plans switches with them.
+    vms: Mapped[list[dict[str, Any]] | None] = mapped_column(Json, nullable=True)
 
 
 class ApiToken(Base):
@@ -133,3 +146,64 @@ class AuditEntry(Base):
     status_code: Mapped[int] = mapped_column(Integer)
     detail: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+# --- switch jobs and rollouts -------------------------------------------------------------------------------
+
+# A job is active while queued or running; at most one active job per node, enforced by the database so that
+# it holds with several server processes (a partial unique index, on SQLite and PostgreSQL alike).
+ACTIVE_JOB_STATES = ("queued", "running")
+_ACTIVE = text("state IN ('queued', 'running')")
+
+
+class Rollout(Base):
+    """A switch of every node of a host group: one job per node, ``concurrency`` at once, stopped when more
+    than ``max_failures`` jobs failed."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group_name: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(Json)
+    nodes: Mapped[list[str]] = mapped_column(Json)  # in the order their jobs start
+    concurrency: Mapped[int] = mapped_column(Integer)
+    max_failures: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # running | succeeded | failed | cancelled
+    blocked: Mapped[list[str]] = mapped_column(Json)  # nodes skipped: another job was active on them
+    created_by: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    """A switch of one node: the stored plan, each step's progress, and where the job stands."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index(
+            "uq_jobs_active_node",
+            "node_id",
+            unique=True,
+            sqlite_where=_ACTIVE,
+            postgresql_where=_ACTIVE,
+        ),
+        NO_ID_REUSE,
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(253))  # by name too: shown without a join
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    host_state: Mapped[str] = mapped_column(String(16))  # pending | running | done | rolled_back | failed
+    request: Mapped[dict[str, Any]] = mapped_column(Json)
+    plan: Mapped[dict[str, Any]] = mapped_column(Json)
+    steps: Mapped[list[dict[str, Any]]] = mapped_column(Json)  # progress per step, in plan order
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    rollout_id: Mapped[int | None] = mapped_column(ForeignKey("rollouts.id", ondelete="SET NULL"), index=True)
+    created_by: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

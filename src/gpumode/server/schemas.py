@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from gpumode.cloud.base import CardStatus
 from gpumode.cloud.embedded import as_utc
-from gpumode.domain import Mode
+from gpumode.domain import Mode, VmPolicy
 from gpumode.server.auth import Role
 from gpumode.server.snapshot import Hostname, SnapshotIn
 
@@ -281,3 +281,130 @@ class AuditOut(BaseModel):
 
 
 NodeDetail.model_rebuild()
+
+
+# --- switch jobs, the agent's work, rollouts
+# ----------------------------------------------------------------------
+
+
+class SwitchIn(In):
+    """A switch request: a target mode for the node (or ``gpus``), its options, and the VM policy."""
+
+    mode: Annotated[Mode, Field(strict=False)]
+    gpus: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=512)] = []
+    vgpu_type: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    vgpu_count: Annotated[int, Field(ge=1, le=64)] | None = None
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    passthrough_alias: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    vm_policy: VmPolicy = VmPolicy.GPU
+
+    @field_validator("mode")
+    @classmethod
+    def _switchable_mode(cls, value: Mode) -> Mode:
+        if value not in SWITCHABLE:
+            raise ValueError(f"{value.value}: not a mode one can switch to (use accel, vgpu, passthrough)")
+        return value
+
+
+class RolloutIn(SwitchIn):
+    concurrency: Annotated[int, Field(ge=1, le=1000)] = 1
+    max_failures: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+
+class JobStepOut(BaseModel):
+    id: str
+    action: str
+    target: str
+    where: str
+    description: str
+    state: str
+    started_at: str | None
+    finished_at: str | None
+    error: str | None
+    note: str | None
+
+
+class JobOut(BaseModel):
+    id: int
+    node: str
+    state: str
+    host_state: str
+    request: dict[str, Any]
+    plan: dict[str, Any]
+    steps: list[JobStepOut]
+    rollout: int | None
+    cancel_requested: bool
+    error: str | None
+    created_by: str | None
+    created_at: Utc
+    started_at: Utc | None
+    finished_at: Utc | None
+    updated_at: Utc
+
+
+class DryRunOut(BaseModel):
+    node: str
+    dry_run: bool = True
+    plan: dict[str, Any]
+
+
+class WorkJob(BaseModel):
+    id: int
+    state: str
+    cancel_requested: bool
+    plan: dict[str, Any]
+
+
+class WorkOut(BaseModel):
+    job: WorkJob
+
+
+class StepEventIn(In):
+    step: Annotated[str, Field(min_length=1, max_length=200)]
+    state: Literal["pending", "running", "done", "failed", "skipped", "undone"]
+    at: Annotated[float, Field(ge=0)] | None = Field(default=None, description="seconds since the epoch")
+    error: Annotated[str, Field(max_length=8192)] | None = None
+    note: Annotated[str, Field(max_length=2048)] | None = None
+
+
+class HostResultIn(In):
+    result: Literal["done", "rolled_back", "failed"]
+    error: Annotated[str, Field(max_length=16384)] | None = None
+
+
+class JobEventsIn(In):
+    steps: Annotated[list[StepEventIn], Field(max_length=4096)] = []
+    host: HostResultIn | None = None
+
+
+class JobEventsAck(BaseModel):
+    job: int
+    state: str
+    cancel_requested: bool
+
+
+class RolloutNodeOut(BaseModel):
+    node: str
+    job: int | None
+    state: str
+    error: str | None
+
+
+class RolloutOut(BaseModel):
+    id: int
+    group: str
+    state: str
+    request: dict[str, Any]
+    concurrency: int
+    max_failures: int
+    failures: int
+    nodes: list[RolloutNodeOut]
+    created_by: str | None
+    created_at: Utc
+    finished_at: Utc | None
+
+
+class RolloutDryRunOut(BaseModel):
+    group: str
+    dry_run: bool = True
+    plans: dict[str, dict[str, Any]]

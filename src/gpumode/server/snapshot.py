@@ -9,7 +9,7 @@ change.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -149,8 +149,23 @@ class NvidiaDriverIn(_Strict):
     services: Annotated[dict[Text, bool], Field(max_length=256)] = {}
 
 
+class VmDeviceIn(_Strict):
+    kind: Literal["pci", "mdev"]
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class VmIn(_Strict):
+    """A VM on the host (``gpumode.host.vms.Vm``): not part of the snapshot or its fingerprint, but the server
+    needs it to plan a switch (which VMs to stop, which devices to detach)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=255)]
+    uuid: Annotated[str, Field(max_length=64)]
+    running: bool
+    devices: Annotated[list[VmDeviceIn], Field(max_length=256)] = []
+
+
 class SnapshotIn(_Strict):
-    """A ``HostSnapshot`` as JSON (``HostSnapshot.to_dict()``), validated."""
+    """A ``HostSnapshot`` as JSON (``HostSnapshot.to_dict()``), validated; ``vms`` optionally alongside."""
 
     hostname: Hostname
     kernel: Text | None
@@ -163,6 +178,7 @@ class SnapshotIn(_Strict):
     problems: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=1024)] = []
     schema_: Annotated[str, Field(alias="schema", max_length=64)] = SNAPSHOT_SCHEMA
     fingerprint: Annotated[str, Field(max_length=80)] = ""
+    vms: Annotated[list[VmIn], Field(max_length=4096)] | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
     _snapshot: HostSnapshot = PrivateAttr()
@@ -192,7 +208,7 @@ class SnapshotIn(_Strict):
         missing = sorted(set(gpu_addresses) - set(addresses))
         if missing:
             raise ValueError(f"gpus: {', '.join(missing)} not listed in functions")
-        snapshot = HostSnapshot.from_dict(self.model_dump(by_alias=True, mode="python"))
+        snapshot = HostSnapshot.from_dict(self.model_dump(by_alias=True, mode="python", exclude={"vms"}))
         computed = snapshot.compute_fingerprint()
         if self.fingerprint and self.fingerprint != computed:
             raise ValueError(
@@ -202,6 +218,10 @@ class SnapshotIn(_Strict):
         snapshot.fingerprint = computed
         self._snapshot = snapshot
         return self
+
+    def vms_json(self) -> list[dict[str, Any]] | None:
+        """The reported VMs as stored (``None``: the agent did not report them)."""
+        return None if self.vms is None else [vm.model_dump() for vm in self.vms]
 
     def to_domain(self) -> HostSnapshot:
         """The domain snapshot, its fingerprint checked (or filled in when the agent sent none)."""

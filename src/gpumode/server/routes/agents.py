@@ -93,6 +93,8 @@ def join(
         summary = result.summary()
     else:
         summary = sync.SyncResult(node=node.name, changed=False).summary()
+    if body.snapshot.vms is not None:
+        node.vms = body.snapshot.vms_json()
 
     _, node_secret = create_node_token(session, node, created_by=f"join:{join_token.name}")
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -20,7 +21,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot
-from gpumode.server import audit, sync
+from gpumode.server import audit, jobs, sync
 from gpumode.server.auth import Role, authenticate, bearer_secret
 from gpumode.server.deps import StateDep, node_access
 from gpumode.server.models import Node
@@ -67,8 +68,9 @@ def _report(name: str, body: bytes, request: Request, state: ServerState) -> Rep
         known = state.known_bodies.get(name)
         fingerprint = known[1] if known and known[0] == digest else None
         snapshot = None
+        vms: list[dict[str, Any]] | None = None
         if fingerprint is None:
-            snapshot = _parse(body, name)
+            snapshot, vms = _parse(body, name)
             fingerprint = snapshot.fingerprint
         stored = sync.stored_fingerprint(session, name)
         if stored is None:
@@ -76,15 +78,21 @@ def _report(name: str, body: bytes, request: Request, state: ServerState) -> Rep
         now = datetime.now(UTC)
         state.seen(name, now)
         if stored == fingerprint:
+            if vms is not None and jobs.store_vms(session, name, vms):
+                session.commit()  # the VMs changed, the hardware did not: planning input, not a sync
             state.known_bodies[name] = (digest, fingerprint)
             audit.skip(request)
             state.metrics.observe_report("unchanged", time.perf_counter() - started)
             return ReportResponse(node=name, changed=False, fingerprint=stored)
 
-        snapshot = snapshot or _parse(body, name)
+        if snapshot is None:
+            snapshot, vms = _parse(body, name)
         # Lock the row so two reports of one node (an agent restarting mid-report) apply one after the other.
         node = session.scalars(select(Node).where(Node.name == name).with_for_update()).one()
+        if vms is not None:
+            node.vms = vms
         if node.fingerprint == fingerprint:
+            session.commit()
             audit.skip(request)
             return ReportResponse(node=name, changed=False, fingerprint=fingerprint)
         result = sync.apply_snapshot(session, state.platform_factory(session), snapshot, now=now, node=node)[
@@ -102,10 +110,12 @@ def _report(name: str, body: bytes, request: Request, state: ServerState) -> Rep
     return ReportResponse(node=name, changed=True, fingerprint=fingerprint, sync=result.summary())
 
 
-def _parse(body: bytes, name: str) -> HostSnapshot:
-    """Validate the body as a snapshot of ``name``; every problem is a 422 naming where it is."""
+def _parse(body: bytes, name: str) -> tuple[HostSnapshot, list[dict[str, Any]] | None]:
+    """Validate the body as a snapshot of ``name`` (and the VMs beside it); every problem is a 422 naming
+    where it is."""
     try:
-        snapshot = SnapshotIn.model_validate_json(body).to_domain()
+        parsed = SnapshotIn.model_validate_json(body)
+        snapshot = parsed.to_domain()
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
@@ -115,4 +125,4 @@ def _parse(body: bytes, name: str) -> HostSnapshot:
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"snapshot is for {snapshot.hostname!r}, reported to node {name!r}",
         )
-    return snapshot
+    return snapshot, parsed.vms_json()

@@ -1,0 +1,158 @@
+"""The agent's HTTP client: every call to the server, retried with exponential backoff while the server is
+away (connection refused, timeouts, 5xx), until it answers or the agent is told to stop.
+
+A 4xx answer is not retried: it means the request itself is wrong (or the token), and repeating it cannot
+help; the caller decides what to do with :class:`ApiError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
+
+log = logging.getLogger(__name__)
+API = "/api/v1"
+
+
+class ApiError(RuntimeError):
+    """The server refused a request (4xx): ``status`` and the server's ``detail``."""
+
+    def __init__(self, status: int, detail: Any, what: str) -> None:
+        super().__init__(f"{what}: HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class Stopped(RuntimeError):
+    """The agent is stopping: a call waiting for the server gave up."""
+
+
+class _ServerAway(RuntimeError):
+    """5xx: the server is there but cannot answer now (restarting, database away); worth retrying."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (httpx.TransportError, _ServerAway))
+
+
+class Client:
+    """Calls to one server with one bearer token; ``stop`` ends retries (and their waits) at once."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        stop: threading.Event | None = None,
+        max_backoff_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.token = token
+        self.stop = stop or threading.Event()
+        self.max_backoff_s = max_backoff_s
+        self._http = httpx.Client(base_url=self.server + API, timeout=30.0, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- one call, retried ----------------------------------------------------------------------------------
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        token: str | None = None,
+        retry: bool = True,
+    ) -> httpx.Response:
+        """One request; retried while the server is away. Returns 2xx responses, raises :class:`ApiError`."""
+        what = f"{method} {path}"
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+
+        def once() -> httpx.Response:
+            response = self._http.request(
+                method,
+                path,
+                json=json,
+                content=content,
+                params=params,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+            if response.status_code >= 500:
+                raise _ServerAway(f"{what}: HTTP {response.status_code}")
+            if response.status_code >= 400:
+                try:
+                    detail = response.json().get("detail")
+                except ValueError:
+                    detail = response.text
+                raise ApiError(response.status_code, detail, what)
+            return response
+
+        if not retry:
+            return once()
+        retrying = Retrying(
+            retry=retry_if_exception(_retryable),
+            # doubling from 0.2 s up to max_backoff_s, plus jitter so a fleet does not retry in step
+            wait=wait_exponential(multiplier=0.2, max=self.max_backoff_s)
+            + wait_random(0, min(1.0, self.max_backoff_s)),
+            stop=lambda _state: self.stop.is_set(),
+            sleep=self._sleep,
+            before_sleep=lambda state: self._log_retry(what, state),
+            reraise=True,
+        )
+        try:
+            result: httpx.Response = retrying(once)
+        except (httpx.TransportError, _ServerAway) as exc:
+            raise Stopped(f"{what}: gave up, the agent is stopping ({exc})") from exc
+        return result
+
+    def _sleep(self, seconds: float) -> None:
+        if self.stop.wait(seconds):
+            raise Stopped("the agent is stopping")
+
+    def _log_retry(self, what: str, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "server unreachable for %s (%s); retry %d in %.1fs", what, exc, state.attempt_number, wait
+        )
+
+    # --- the API the agent uses -----------------------------------------------------------------------------
+
+    def join(self, hostname: str, snapshot: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = self.call(
+            "POST", "/agents/join", json={"hostname": hostname, "snapshot": snapshot}
+        ).json()
+        return body
+
+    def report(self, node: str, body: bytes) -> dict[str, Any]:
+        answer: dict[str, Any] = self.call("POST", f"/nodes/{node}/report", content=body).json()
+        return answer
+
+    def work(self, node: str, wait: float) -> dict[str, Any] | None:
+        """The next job, or ``None`` when none came within ``wait`` seconds."""
+        response = self.call("GET", f"/nodes/{node}/work", params={"wait": wait}, timeout=wait + 15.0)
+        if response.status_code == 204:
+            return None
+        job: dict[str, Any] = response.json()["job"]
+        return job
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        body: dict[str, Any] = self.call("GET", f"/jobs/{job_id}").json()
+        return body
+
+    def job_events(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = self.call("POST", f"/jobs/{job_id}/events", json=body).json()
+        return answer

@@ -1,0 +1,182 @@
+"""Fleet rollouts: switch every node of a host group, a few at a time, and stop when too many fail.
+
+A rollout stores the request and its members in order; its jobs are ordinary switch jobs that point back at
+it. :func:`advance` is called whenever one of its jobs ends (and when it is created, and at server start): it
+starts jobs until ``concurrency`` are active, unless more than ``max_failures`` have ended other than
+``succeeded``, and closes the rollout when nothing is left to start or wait for. The rollout row is locked
+while it advances, so two jobs ending at once in two server processes cannot overshoot the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpumode.domain import Plan, SwitchRequest
+from gpumode.server import jobs, whitelist
+from gpumode.server.models import HostGroup, Job, Node, Rollout
+
+
+class RolloutState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+def members(session: Session, group: str) -> list[Node]:
+    """The group's nodes, by name; :class:`jobs.NotFound` for an unknown group."""
+    group_id = session.scalar(select(HostGroup.id).where(HostGroup.name == group))
+    if group_id is None:
+        raise jobs.NotFound(f"no host group named {group!r}")
+    return list(session.scalars(select(Node).where(Node.group_id == group_id).order_by(Node.name)))
+
+
+def plan_all(session: Session, nodes: Sequence[Node], request: SwitchRequest) -> dict[str, Plan]:
+    """Every member's plan, or :class:`jobs.JobError` naming each member that may not be switched."""
+    rules = whitelist.load(session)
+    plans: dict[str, Plan] = {}
+    refused: list[str] = []
+    for node in nodes:
+        try:
+            plans[node.name] = jobs.plan_for_node(session, node, request, rules)
+        except jobs.JobError as exc:
+            refused.append(f"{node.name}: {exc.message}")
+    if refused:
+        raise jobs.JobError("not_plannable", "; ".join(refused), sorted(plans))
+    return plans
+
+
+def create(
+    session: Session,
+    group: str,
+    nodes: Sequence[Node],
+    request: SwitchRequest,
+    *,
+    concurrency: int,
+    max_failures: int,
+    created_by: str | None,
+) -> Rollout:
+    """Store the rollout and start its first jobs (flushes; the caller commits)."""
+    if not nodes:
+        raise jobs.JobError("empty_group", f"host group {group!r} has no nodes")
+    rollout = Rollout(
+        group_name=group,
+        request=jobs.request_json(request),
+        nodes=[n.name for n in nodes],
+        concurrency=concurrency,
+        max_failures=max_failures,
+        state=RolloutState.RUNNING.value,
+        blocked=[],
+        created_by=created_by,
+        created_at=jobs.now(),
+    )
+    session.add(rollout)
+    session.flush()
+    advance(session, rollout.id)
+    return rollout
+
+
+def advance(session: Session, rollout_id: int) -> None:
+    """Start what may start, close the rollout when it is over (flushes; the caller commits)."""
+    rollout = session.scalars(select(Rollout).where(Rollout.id == rollout_id).with_for_update()).first()
+    if rollout is None or rollout.state != RolloutState.RUNNING.value:
+        return
+    own = list(session.scalars(select(Job).where(Job.rollout_id == rollout.id)))
+    started = {j.node for j in own}
+    blocked = list(rollout.blocked)
+    active = sum(1 for j in own if jobs.JobState(j.state).active)
+    rules = whitelist.load(session)
+    request = jobs.request_from_json(rollout.request)
+    for name in rollout.nodes:
+        if active >= rollout.concurrency or _failures(own, blocked) > rollout.max_failures:
+            break
+        if name in started or _is_blocked(name, blocked):
+            continue
+        node = session.scalars(select(Node).where(Node.name == name)).first()
+        try:
+            if node is None:
+                raise jobs.NotFound(f"node {name} was removed")
+            plan = jobs.plan_for_node(session, node, request, rules)
+            job = jobs.create_job(
+                session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id
+            )
+        except (jobs.ActiveJobExists, jobs.JobError, jobs.NotFound) as exc:
+            blocked.append(f"{name}: {exc}")
+            continue
+        own.append(job)
+        active += 1
+    rollout.blocked = blocked
+    pending = [n for n in rollout.nodes if n not in {j.node for j in own} and not _is_blocked(n, blocked)]
+    failures = _failures(own, blocked)
+    if active == 0 and (not pending or failures > rollout.max_failures):
+        rollout.state = (RolloutState.SUCCEEDED if failures == 0 else RolloutState.FAILED).value
+        rollout.finished_at = jobs.now()
+    session.flush()
+
+
+def cancel(session: Session, rollout: Rollout) -> None:
+    """Start no more jobs; the ones running finish (cancel them one by one to roll them back)."""
+    if rollout.state != RolloutState.RUNNING.value:
+        raise jobs.JobConflict(f"rollout {rollout.id} is already {rollout.state}")
+    rollout.state = RolloutState.CANCELLED.value
+    rollout.finished_at = jobs.now()
+
+
+def _is_blocked(name: str, blocked: Sequence[str]) -> bool:
+    return any(b.startswith(f"{name}:") for b in blocked)
+
+
+def _failures(own: Sequence[Job], blocked: Sequence[str]) -> int:
+    ended_badly = sum(
+        1 for j in own if not jobs.JobState(j.state).active and j.state != jobs.JobState.SUCCEEDED.value
+    )
+    return ended_badly + len(blocked)
+
+
+def get(session: Session, rollout_id: int) -> Rollout:
+    rollout = session.get(Rollout, rollout_id)
+    if rollout is None:
+        raise jobs.NotFound(f"no rollout {rollout_id}")
+    return rollout
+
+
+def out(session: Session, rollout: Rollout) -> dict[str, Any]:
+    own = {j.node: j for j in session.scalars(select(Job).where(Job.rollout_id == rollout.id))}
+    nodes = []
+    for name in rollout.nodes:
+        job = own.get(name)
+        reason = next((b.split(": ", 1)[1] for b in rollout.blocked if b.startswith(f"{name}:")), None)
+        if job is not None:
+            nodes.append({"node": name, "job": job.id, "state": job.state, "error": job.error})
+        elif reason is not None:
+            nodes.append({"node": name, "job": None, "state": "blocked", "error": reason})
+        else:
+            nodes.append({"node": name, "job": None, "state": "pending", "error": None})
+    return {
+        "id": rollout.id,
+        "group": rollout.group_name,
+        "state": rollout.state,
+        "request": rollout.request,
+        "concurrency": rollout.concurrency,
+        "max_failures": rollout.max_failures,
+        "failures": _failures(list(own.values()), rollout.blocked),
+        "nodes": nodes,
+        "created_by": rollout.created_by,
+        "created_at": rollout.created_at,
+        "finished_at": rollout.finished_at,
+    }
+
+
+def running_ids(session: Session) -> list[int]:
+    return list(session.scalars(select(Rollout.id).where(Rollout.state == RolloutState.RUNNING.value)))
+
+
+def after_job(session: Session, job: Job) -> None:
+    """A job ended: if it belongs to a rollout, let the rollout move on."""
+    if job.rollout_id is not None and not jobs.JobState(job.state).active:
+        advance(session, job.rollout_id)

@@ -1,0 +1,173 @@
+"""The agent's side of switch jobs: long-poll for work, report each step, then the host's result.
+
+Only the node's own agent (its node token) may take its work or report on its jobs: a person's token, even an
+admin's, is refused, so a job's progress is always what the host itself said.
+
+The long poll holds no database connection while it waits (thousands of agents wait at once): it checks for
+work in a short session, then sleeps on a per-node wake-up that a new job or a cancel in this process sets;
+every ``POLL_S`` it checks again anyway, which is how a job created by another server process is found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from gpumode.server import audit, jobs, rollouts
+from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
+from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
+from gpumode.server.schemas import JobEventsAck, JobEventsIn, WorkJob, WorkOut
+from gpumode.server.state import ServerState
+
+router = APIRouter(tags=["agents"])
+
+POLL_S = 1.0  # how often a waiting long poll looks at the database for work another process created
+
+
+class WorkNotifier:
+    """Wakes the long polls of one node waiting in this process (set from worker threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    @contextmanager
+    def waiter(self, node: str) -> Iterator[asyncio.Event]:
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiting.setdefault(node, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            with self._lock:
+                waiting = self._waiting.get(node)
+                if waiting is not None:
+                    waiting.discard(entry)
+                    if not waiting:
+                        del self._waiting[node]
+
+    def notify(self, node: str) -> None:
+        with self._lock:
+            entries = list(self._waiting.get(node, ()))
+        for loop, event in entries:
+            loop.call_soon_threadsafe(event.set)
+
+
+def notifier(request: Request) -> WorkNotifier:
+    found: WorkNotifier = request.app.state.gpumode_work
+    return found
+
+
+def _node_only(principal: Principal, node: str) -> None:
+    if principal.role is not Role.NODE:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "only the node's agent (its node token) may do this")
+    if principal.node != node:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"this node token belongs to {principal.node}, not {node}"
+        )
+
+
+def _authenticate(state: ServerState, request: Request, node: str) -> None:
+    with state.sessions() as session:
+        secret = bearer_secret(request.headers.get("authorization"))
+        principal = authenticate(session, secret) if secret else None
+    if principal is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    _node_only(principal, node)
+
+
+def _claim(state: ServerState, node: str) -> WorkOut | None:
+    with state.sessions() as session:
+        job = jobs.claim_work(session, node)
+        if job is None:
+            return None
+        return WorkOut(
+            job=WorkJob(id=job.id, state=job.state, cancel_requested=job.cancel_requested, plan=job.plan)
+        )
+
+
+@router.get(
+    "/nodes/{name}/work",
+    response_model=WorkOut,
+    responses={204: {"description": "no work arrived within `wait` seconds"}},
+    summary="Long poll for the node's next job (its agent's node token only)",
+)
+async def work(
+    name: str, request: Request, wait: Annotated[float, Query(ge=0, le=60)] = 25.0
+) -> WorkOut | Response:
+    state: ServerState = request.app.state.gpumode
+    await run_in_threadpool(_authenticate, state, request, name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    with notifier(request).waiter(name) as wake:  # registered before the first look: no wake-up is lost
+        while True:
+            wake.clear()
+            found = await run_in_threadpool(_claim, state, name)
+            if found is not None:
+                return found
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Response(status_code=status.HTTP_204_NO_CONTENT)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=min(POLL_S, remaining))
+
+
+@router.post(
+    "/jobs/{job_id}/events",
+    response_model=JobEventsAck,
+    summary="The agent reports its steps, and at the end the host's result (its node token only)",
+)
+def events(
+    job_id: int,
+    body: JobEventsIn,
+    principal: PrincipalDep,
+    request: Request,
+    session: SessionDep,
+    platform: PlatformDep,
+) -> JobEventsAck:
+    try:
+        job = jobs.get_job(session, job_id, lock=True)
+    except jobs.NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    _node_only(principal, job.node)
+    if not jobs.JobState(job.state).active:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is already {job.state}")
+    reports = [
+        jobs.StepReport(
+            step=e.step,
+            state=jobs.StepState(e.state),
+            at=None if e.at is None else datetime.fromtimestamp(e.at, UTC),
+            error=e.error,
+            note=e.note,
+        )
+        for e in body.steps
+    ]
+    try:
+        if job.host_state in (jobs.HostState.PENDING.value, jobs.HostState.RUNNING.value):
+            jobs.apply_step_reports(job, reports)
+            if body.host is not None:
+                jobs.host_finished(session, platform, job, jobs.HostState(body.host.result), body.host.error)
+        elif job.host_state == jobs.HostState.DONE.value:
+            # the host part was recorded but the cloud steps did not finish (a server died): finish them now
+            jobs.run_cloud_steps(session, platform, job)
+    except jobs.JobError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
+    detail: dict[str, Any] = {"steps": len(reports)}
+    if body.host is not None:
+        detail["host"] = body.host.result
+    if not jobs.JobState(job.state).active:
+        session.add(jobs.ended_event(job))
+        rollouts.after_job(session, job)
+    audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"{detail} -> {job.state}")
+    return JobEventsAck(job=job.id, state=job.state, cancel_requested=job.cancel_requested)

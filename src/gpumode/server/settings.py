@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpumode.cloud.openstack.config import OpenStackConfig
 
 
 class SettingsError(ValueError):
@@ -32,6 +34,10 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(default=10, ge=1, le=200)
     log_level: str = "info"
+    cloud: Literal["embedded", "openstack"] = Field(
+        default="embedded", description="where cards are offered: gpumode's own DB, or OpenStack"
+    )
+    openstack: OpenStackConfig | None = Field(default=None, description="the [openstack] section")
 
     @field_validator("db")
     @classmethod
@@ -39,6 +45,12 @@ class Settings(BaseSettings):
         if not value.strip():
             raise ValueError("db must be a SQLAlchemy URL or a file path")
         return value.strip()
+
+    @model_validator(mode="after")
+    def _cloud_configured(self) -> Settings:
+        if self.cloud == "openstack" and self.openstack is None:
+            raise ValueError("cloud = openstack needs an [openstack] section (see docs/openstack.md)")
+        return self
 
     @property
     def advertised_url(self) -> str:
@@ -64,8 +76,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise SettingsError(f"config file {path} is not valid: {exc}") from exc
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path}: expected a table of settings at the top level")
-    if isinstance(data.get("server"), dict) and len(data) == 1:
-        data = data["server"]
+    if isinstance(data.get("server"), dict) and set(data) <= {"server", "openstack"}:
+        data = {**data["server"], **({"openstack": data["openstack"]} if "openstack" in data else {})}
     unknown = sorted(set(data) - set(Settings.model_fields))
     if unknown:
         raise SettingsError(

@@ -16,6 +16,17 @@ from gpumode.server.metrics import Metrics
 from gpumode.server.settings import Settings
 
 
+def select_platform(settings: Settings) -> Callable[[Session], CloudPlatform]:
+    """The cloud platform the settings name (``cloud = "embedded" | "openstack"``)."""
+    if settings.cloud == "openstack" and settings.openstack is not None:
+        from gpumode.cloud.openstack.factory import (
+            platform_factory,  # the openstack extra, only when asked for
+        )
+
+        return platform_factory(settings.openstack)
+    return EmbeddedPlatform
+
+
 @dataclass
 class ServerState:
     settings: Settings

@@ -1,0 +1,333 @@
+"""OpenStack as gpumode's cloud platform.
+
+Cards, gpumode's own vGPU profiles and passthrough aliases stay in gpumode's database (the embedded platform):
+they carry ids and holders that OpenStack has no place for. What the scheduler uses lives in OpenStack:
+
+- before a switch, :meth:`OpenStackPlatform.before_switch` disables the host's nova-compute service and
+  applies the VM policy through Nova; :meth:`after_switch` re-enables it;
+- card setup, :meth:`set_up_cards`, writes the nova-compute drop-in for the host's new modes, restarts
+  nova-compute, waits until Placement shows the expected inventory, then marks every provider with its mode
+  (traits) and puts the host in the per-mode aggregates;
+- :meth:`sync_hardware` compares Placement's picture with the host's and fixes what gpumode owns (marks, stale
+  providers nobody holds), reporting the rest;
+- vGPU layouts come from Cyborg device profiles when Cyborg is configured, then from gpumode's own profiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from gpumode.cloud.base import Card, CardSpec, CardStatus, PassthroughAlias, VgpuProfile
+from gpumode.cloud.embedded import EmbeddedPlatform
+from gpumode.cloud.openstack.channel import NodeChannel
+from gpumode.cloud.openstack.compute import ComputeApi
+from gpumode.cloud.openstack.config import OpenStackConfig
+from gpumode.cloud.openstack.cyborg import ProfileSource
+from gpumode.cloud.openstack.expect import Expectation, expectation
+from gpumode.cloud.openstack.http import OpenStackError, ServiceError
+from gpumode.cloud.openstack.marks import MarkResult, apply_marks
+from gpumode.cloud.openstack.novaconf import render_dropin
+from gpumode.cloud.openstack.placement import PlacementClient, Provider
+from gpumode.cloud.openstack.switch import Hold, Waiter, hold_host, release_host
+from gpumode.domain import HostSnapshot, Mode, VmPolicy
+
+log = logging.getLogger(__name__)
+
+# Aggregate uuids when Nova is not driven (deterministic, so every server process agrees).
+AGGREGATE_NAMESPACE = uuid.UUID("6f0c5c2e-3f1e-4d0a-9a53-6770756d6f64")
+MARKED_MODES = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)
+
+
+def aggregate_name(mode: Mode) -> str:
+    return f"gpumode-{mode.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One disagreement between Placement and the host; ``fixed`` when gpumode put it right."""
+
+    provider: str
+    problem: str
+    fixed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpenStackClients:
+    """The services a platform talks to; built once per server (see :func:`build_clients`)."""
+
+    placement: PlacementClient
+    compute: ComputeApi | None = None
+    profiles: ProfileSource | None = None
+    channel: NodeChannel | None = None
+
+
+class OpenStackPlatform:
+    """:class:`~gpumode.cloud.base.CloudPlatform` backed by OpenStack, plus the switch hooks above."""
+
+    def __init__(
+        self,
+        session: Session,
+        config: OpenStackConfig,
+        clients: OpenStackClients,
+        *,
+        sleep: Callable[[float], None] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.embedded = EmbeddedPlatform(session)
+        self.config = config
+        self.clients = clients
+        self.placement = clients.placement
+        self._sleep, self._clock = sleep, clock
+
+    def waiter(self, timeout_s: float) -> Waiter:
+        waiter = Waiter(timeout_s, self.config.poll_interval_s)
+        if self._sleep is not None:
+            waiter.sleep = self._sleep
+        if self._clock is not None:
+            waiter.clock = self._clock
+        return waiter
+
+    # --- CloudPlatform: cards, aliases and gpumode's own profiles stay in the database
+    # -----------------------
+
+    def list_cards(
+        self, *, node: str | None = None, status: CardStatus | None = None, kind: Mode | None = None
+    ) -> list[Card]:
+        return self.embedded.list_cards(node=node, status=status, kind=kind)
+
+    def get_card(self, card_id: int) -> Card | None:
+        return self.embedded.get_card(card_id)
+
+    def register_cards(self, specs: Sequence[CardSpec]) -> list[Card]:
+        return self.embedded.register_cards(specs)
+
+    def remove_cards(self, card_ids: Sequence[int]) -> None:
+        self.embedded.remove_cards(card_ids)
+
+    def update_card(
+        self,
+        card_id: int,
+        *,
+        status: CardStatus | None = None,
+        holder: str | None = None,
+        clear_holder: bool = False,
+    ) -> Card:
+        return self.embedded.update_card(card_id, status=status, holder=holder, clear_holder=clear_holder)
+
+    def list_profiles(self) -> list[VgpuProfile]:
+        """Cyborg's vGPU device profiles first; gpumode's own fill in names Cyborg does not have.
+
+        Cyborg configured but failing is an error, not a silent fallback: a job must not carve another layout
+        than the one the users registered.
+        """
+        own = self.embedded.list_profiles()
+        if self.clients.profiles is None:
+            return own
+        try:
+            users = self.clients.profiles.vgpu_profiles()
+        except ServiceError as exc:
+            raise OpenStackError(f"cannot read vGPU layouts from Cyborg: {exc}") from exc
+        names = {p.name for p in users}
+        return sorted(users + [p for p in own if p.name not in names], key=lambda p: p.name)
+
+    def put_profile(self, profile: VgpuProfile) -> VgpuProfile:
+        return self.embedded.put_profile(profile)
+
+    def delete_profile(self, name: str) -> None:
+        self.embedded.delete_profile(name)
+
+    def list_aliases(self) -> list[PassthroughAlias]:
+        return self.embedded.list_aliases()
+
+    def put_alias(self, alias: PassthroughAlias) -> PassthroughAlias:
+        return self.embedded.put_alias(alias)
+
+    def delete_alias(self, name: str) -> None:
+        self.embedded.delete_alias(name)
+
+    # --- switch hooks -------------------------------------------------------------------------------------
+
+    def before_switch(self, node: str, *, job: str, policy: VmPolicy) -> dict[str, Any]:
+        """Take the host out of Nova's scheduling and apply the VM policy; returns the hold to store with the
+        job (``{}`` when Nova is not driven)."""
+        if self.clients.compute is None:
+            return {}
+        waiter = self.waiter(self.config.vm_timeout_s)
+        return hold_host(
+            self.clients.compute, self.config, node, job=job, policy=policy, waiter=waiter
+        ).to_dict()
+
+    def after_switch(self, hold: Mapping[str, Any], *, succeeded: bool) -> list[str]:
+        """Undo :meth:`before_switch` (instances only after a failed switch); returns what could not be
+        undone."""
+        if not hold or self.clients.compute is None:
+            return []
+        waiter = self.waiter(self.config.vm_timeout_s)
+        return release_host(
+            self.clients.compute, Hold.from_dict(dict(hold)), succeeded=succeeded, waiter=waiter
+        )
+
+    def render(self, snapshot: HostSnapshot, *, alias: str | None = None) -> str:
+        """The nova-compute drop-in for the host as the snapshot shows it."""
+        aliases = {(a.vendor_id, a.product_id): a.name for a in self.list_aliases()}
+        if alias:
+            for gpu in snapshot.gpus:
+                if gpu.mode is Mode.PASSTHROUGH:
+                    fn = snapshot.function(gpu.address)
+                    aliases[(fn.vendor if fn else 0x10DE, gpu.device)] = alias
+        return render_dropin(snapshot, aliases=aliases, pci_in_placement=self.config.pci_in_placement)
+
+    def set_up_cards(self, snapshot: HostSnapshot, *, alias: str | None = None) -> str:
+        """Card setup for the host's new modes (see the module doc). Placement is only written after it shows
+        the expected inventory, and a failed marking is undone, so a failure leaves no half-written marks."""
+        node = snapshot.hostname
+        channel = self.clients.channel
+        if channel is None:
+            raise OpenStackError("no channel to the hosts is configured: cannot deliver the nova drop-in")
+        channel.write_file(node, self.config.nova_dropin, self.render(snapshot, alias=alias))
+        result = channel.run(node, self.config.restart_command)
+        if not result.ok:
+            detail = (result.stderr or result.stdout).strip() or "no output"
+            raise OpenStackError(
+                f"restarting nova-compute on {node} failed (exit {result.returncode}): {detail}"
+            )
+        expect = expectation(snapshot, pci_in_placement=self.config.pci_in_placement)
+        self.waiter(self.config.inventory_timeout_s).until(
+            f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
+        )
+        marks = self.mark(expect)
+        return f"nova-compute configured and restarted; {marks.summary()}"
+
+    def inventory_missing(self, expect: Expectation) -> str | None:
+        """What Placement lacks of ``expect`` (None: all there). An unreachable Placement counts as
+        lacking."""
+        try:
+            root = self.placement.provider_by_name(expect.host)
+            if root is None:
+                return f"no resource provider named {expect.host}"
+            found = {p.name: p for p in self.placement.tree(root.uuid)}
+            missing = []
+            for want in expect.providers:
+                provider = found.get(want.name)
+                if provider is None:
+                    missing.append(f"{want.name} absent")
+                    continue
+                total = int(
+                    self.placement.inventories(provider.uuid).get(want.resource_class, {}).get("total", 0)
+                )
+                if total < want.min_total:
+                    missing.append(
+                        f"{want.name} has {total} {want.resource_class}, expected >= {want.min_total}"
+                    )
+            return "; ".join(missing) or None
+        except ServiceError as exc:
+            if exc.unreachable:
+                return str(exc)
+            raise
+
+    def mark(self, expect: Expectation) -> MarkResult:
+        root = self.placement.provider_by_name(expect.host)
+        if root is None:
+            raise OpenStackError(f"no resource provider named {expect.host} in Placement")
+        tree = self.placement.tree(root.uuid)
+        aggregates, undo_nova = self._nova_aggregates(expect.host, set(expect.root_modes))
+        try:
+            return apply_marks(self.placement, tree, expect, aggregates)
+        except Exception:
+            undo_nova()
+            raise
+
+    def _nova_aggregates(self, host: str, modes: set[Mode]) -> tuple[dict[Mode, str], Callable[[], None]]:
+        """Per-mode aggregate uuids; with Nova, the host joins the ``gpumode-<mode>`` host aggregates of its
+        modes and leaves the others. Returns the uuids and a function undoing the membership changes."""
+        compute = self.clients.compute
+        if compute is None:
+            return {
+                m: str(uuid.uuid5(AGGREGATE_NAMESPACE, aggregate_name(m))) for m in MARKED_MODES
+            }, lambda: None
+        existing = {a.name: a for a in compute.aggregates()}
+        done: list[tuple[int, bool]] = []
+        uuids: dict[Mode, str] = {}
+        try:
+            for mode in MARKED_MODES:
+                agg = existing.get(aggregate_name(mode)) or compute.create_aggregate(aggregate_name(mode))
+                uuids[mode] = agg.uuid
+                if mode in modes and host not in agg.hosts:
+                    compute.add_host(agg.id, host)
+                    done.append((agg.id, True))
+                elif mode not in modes and host in agg.hosts:
+                    compute.remove_host(agg.id, host)
+                    done.append((agg.id, False))
+        except Exception:
+            _undo_membership(compute, host, done)
+            raise
+        return uuids, lambda: _undo_membership(compute, host, done)
+
+    # --- hardware sync ------------------------------------------------------------------------------------
+
+    def sync_hardware(self, snapshot: HostSnapshot) -> list[Drift]:
+        """Make Placement agree with the host where gpumode may; report what it cannot fix."""
+        expect = expectation(snapshot, pci_in_placement=self.config.pci_in_placement)
+        host = snapshot.hostname
+        root = self.placement.provider_by_name(host)
+        if root is None:
+            return [
+                Drift(
+                    host, "no compute node resource provider in Placement (is nova-compute running?)", False
+                )
+            ]
+        drift: list[Drift] = []
+        missing = self.inventory_missing(expect)
+        if missing:
+            drift.append(Drift(host, f"Placement lacks GPU inventory: {missing}", False))
+        tree = self.placement.tree(root.uuid)
+        for provider in tree:
+            if (
+                provider.parent_uuid is not None
+                and expect.provider(provider.name) is None
+                and _is_gpu(provider, host)
+            ):
+                drift.append(self._stale(provider))
+        marks = self.mark(expect)
+        drift += [
+            Drift(c.provider.name, f"{c.kind} were {sorted(c.before)}, set to {sorted(c.after)}", True)
+            for c in marks.changes
+        ]
+        return drift
+
+    def _stale(self, provider: Provider) -> Drift:
+        """A GPU provider the host's modes no longer call for: deleted unless a consumer still holds it."""
+        held = self.placement.allocations(provider.uuid)
+        if held:
+            consumers = ", ".join(sorted(held))
+            return Drift(
+                provider.name,
+                f"its GPU left this mode but consumer(s) {consumers} still hold allocations; kept",
+                False,
+            )
+        self.placement.delete_provider(provider.uuid)
+        return Drift(provider.name, "stale GPU provider with no allocations; deleted", True)
+
+
+def _is_gpu(provider: Provider, host: str) -> bool:
+    """Providers nova names after a GPU: mdev parents (``<host>_pci_…``) and PCI devices
+    (``<host>_0000:…``)."""
+    rest = provider.name[len(host) + 1 :] if provider.name.startswith(host + "_") else ""
+    return rest.startswith("pci_") or (len(rest) == 12 and rest[4] == ":")
+
+
+def _undo_membership(compute: ComputeApi, host: str, done: list[tuple[int, bool]]) -> None:
+    for agg_id, added in reversed(done):
+        try:
+            if added:
+                compute.remove_host(agg_id, host)
+            else:
+                compute.add_host(agg_id, host)
+        except OpenStackError as exc:
+            log.error("could not undo aggregate %s membership of %s: %s", agg_id, host, exc)

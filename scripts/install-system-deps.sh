@@ -2,10 +2,11 @@
 # Install the Debian/Ubuntu packages gpumode's test suite needs, and only those that are missing.
 #   libvirt-dev, pkg-config, gcc, python3-dev: build libvirt-python (the libvirt tests use its test:///default driver)
 #   python3-venv: scripts/test.sh creates .venv     pciutils: lspci, for comparing with a real host
+#   chromium: the dashboard's browser tests (tests/web/test_browser.py drive it headless through Playwright)
 # Quiet unless something fails; safe to run again and again.
 set -euo pipefail
 
-packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv)
+packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv chromium)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpumode import __version__
-from gpumode.server import db, rollouts
+from gpumode.server import db, rollouts, web
 from gpumode.server import jobs as switch_jobs
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
@@ -23,7 +23,7 @@ from gpumode.server.metrics import Metrics
 from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens, work
 from gpumode.server.routes import jobs as job_routes
 from gpumode.server.settings import Settings
-from gpumode.server.state import ServerState
+from gpumode.server.state import ServerState, select_platform
 
 API = "/api/v1"
 log = logging.getLogger(__name__)
@@ -33,7 +33,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     """Build the app. The database schema is brought to ``head`` when the app starts (idempotent)."""
     engine = engine or db.make_engine(settings.db, pool_size=settings.db_pool_size)
     sessions = db.make_sessionmaker(engine)
-    state = ServerState(settings=settings, engine=engine, sessions=sessions, metrics=Metrics(sessions))
+    state = ServerState(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        metrics=Metrics(sessions),
+        platform_factory=select_platform(settings),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -56,6 +62,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
         app.include_router(module.router, prefix=API)
     app.include_router(health.router)
+    web.install(app)  # the dashboard under /ui (docs/dashboard.md)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected_error)
     # Outermost first: refuse oversized bodies before anything else, then audit what remains.

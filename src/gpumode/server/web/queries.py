@@ -1,0 +1,282 @@
+"""What the dashboard's pages read, written so that no page loads the whole fleet.
+
+The fleet page reads one page of nodes (``LIMIT``/``OFFSET`` on the indexed name) and asks the database
+for every total (``COUNT``/``SUM`` … ``GROUP BY``); only the page's own snapshots are decoded. Events and
+the audit log page by id (keyset), newest first.
+
+A GPU model is filtered through the cards table: each card carries the ``vendor:device`` of its GPU in
+``identity``, so "hosts with an H100" is an indexed-size scan of cards, not a decode of every snapshot. A GPU
+that offers no card (mode ``none``) is therefore not found by the model filter.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.orm import Session
+
+from gpumode.cloud.base import Card, CardStatus, CloudPlatform
+from gpumode.cloud.embedded import CardRecord, as_utc
+from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node
+
+PAGE_SIZE = 50
+STALE_AFTER = timedelta(minutes=2)  # agents report at least every few seconds; two minutes silent is stale
+MODES = ("accel", "vgpu", "passthrough", "none", "mixed")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFilter:
+    mode: str | None = None
+    model: str | None = None  # "10de:2330"
+    group: str | None = None
+    page: int = 1
+
+
+@dataclass(slots=True)
+class FleetRow:
+    name: str
+    group: str | None
+    mode: str
+    driver_state: str
+    gpu_count: int
+    gpus: list[tuple[str, str]]  # (address, mode), in host order
+    models: str
+    flavour: str | None
+    version: str | None
+    cards: dict[str, int]  # status -> count
+    problems: list[str]
+    last_report: datetime
+    reported_live: bool  # seen by this server process (else last_report is when the snapshot changed)
+    health: str  # ok | warning | stale | alarm
+
+
+@dataclass(slots=True)
+class FleetPage:
+    rows: list[FleetRow]
+    matching: int
+    page: int
+    pages: int
+    hosts_by_mode: dict[str, int]
+    gpus_total: int
+    cards_by_status: dict[str, int]
+    groups: list[str]
+    models: list[str]
+
+
+def _conditions(f: FleetFilter) -> list[ColumnElement[bool]]:
+    found: list[ColumnElement[bool]] = []
+    if f.mode:
+        found.append(Node.mode == f.mode)
+    if f.group:
+        found.append(HostGroup.name == f.group)
+    if f.model:
+        prefix = f"{f.model} "
+        holders = select(CardRecord.node).where(CardRecord.identity.startswith(prefix, autoescape=True))
+        found.append(Node.name.in_(holders))
+    return found
+
+
+def fleet_page(
+    session: Session, f: FleetFilter, last_seen: dict[str, datetime], *, page_size: int = PAGE_SIZE
+) -> FleetPage:
+    where = _conditions(f)
+    joined = select(func.count(Node.id)).select_from(Node).outerjoin(HostGroup, HostGroup.id == Node.group_id)
+    matching = session.scalar(joined.where(*where)) or 0
+    pages = max(1, -(-matching // page_size))
+    page = min(max(1, f.page), pages)
+    # Ids first, through the name index; only then the page's rows. Reading whole rows while sorting would
+    # drag every snapshot through (they are the bulk of the table).
+    ids = (
+        select(Node.id)
+        .outerjoin(HostGroup, HostGroup.id == Node.group_id)
+        .where(*where)
+        .order_by(Node.name)
+        .limit(page_size)
+        .offset((page - 1) * page_size)
+    )
+    # Only the parts of each snapshot the table shows, extracted by the database: a vGPU host's snapshot
+    # lists every VF and is many times larger than what the page needs.
+    rows = session.execute(
+        select(
+            Node.name,
+            HostGroup.name.label("group"),
+            Node.mode,
+            Node.driver_state,
+            Node.gpu_count,
+            Node.changed_at,
+            Node.snapshot["gpus"].label("gpus"),
+            Node.snapshot[("nvidia", "flavour")].label("flavour"),
+            Node.snapshot[("nvidia", "version")].label("version"),
+            Node.snapshot["problems"].label("problems"),
+        )
+        .outerjoin(HostGroup, HostGroup.id == Node.group_id)
+        .where(Node.id.in_(list(session.scalars(ids))))
+        .order_by(Node.name)
+    ).all()
+    names = [row.name for row in rows]
+    cards: dict[str, dict[str, int]] = defaultdict(dict)
+    if names:
+        for node, status, count in session.execute(
+            select(CardRecord.node, CardRecord.status, func.count())
+            .where(CardRecord.node.in_(names))
+            .group_by(CardRecord.node, CardRecord.status)
+        ):
+            cards[node][status] = count
+    by_mode = {m: 0 for m in MODES}
+    by_mode.update(dict(session.execute(select(Node.mode, func.count()).group_by(Node.mode)).all()))
+    # GPUs that offer cards, counted in the cards table: summing nodes.gpu_count would read every row
+    # (snapshots included). A GPU in mode "none" offers no card and is not counted here.
+    offered = select(CardRecord.node, CardRecord.gpu).distinct().subquery()
+    gpus_total = session.scalar(select(func.count()).select_from(offered)) or 0
+    by_status = {s.value: 0 for s in CardStatus}
+    by_status.update(
+        dict(session.execute(select(CardRecord.status, func.count()).group_by(CardRecord.status)).all())
+    )
+    models = sorted(
+        m for m in session.scalars(select(func.substr(CardRecord.identity, 1, 9)).distinct()) if ":" in m
+    )
+    groups = list(session.scalars(select(HostGroup.name).order_by(HostGroup.name)))
+    now = datetime.now(UTC)
+    return FleetPage(
+        rows=[_row(row, cards.get(row.name, {}), last_seen.get(row.name), now) for row in rows],
+        matching=matching,
+        page=page,
+        pages=pages,
+        hosts_by_mode=by_mode,
+        gpus_total=gpus_total,
+        cards_by_status=by_status,
+        groups=groups,
+        models=models,
+    )
+
+
+def _row(row: Any, cards: dict[str, int], seen: datetime | None, now: datetime) -> FleetRow:
+    gpu_list: list[dict[str, Any]] = row.gpus or []
+    gpus = [(str(g.get("address")), str(g.get("mode"))) for g in gpu_list]
+    names: dict[str, int] = {}
+    for g in gpu_list:
+        names[str(g.get("name"))] = names.get(str(g.get("name")), 0) + 1
+    problems = [str(p) for p in row.problems or []]
+    last = as_utc(seen) if seen is not None else as_utc(row.changed_at)
+    if cards.get(CardStatus.LOST.value):
+        health = "alarm"
+    elif seen is not None and now - last > STALE_AFTER:
+        health = "stale"
+    elif problems:
+        health = "warning"
+    else:
+        health = "ok"
+    return FleetRow(
+        name=row.name,
+        group=row.group,
+        mode=row.mode,
+        driver_state=row.driver_state,
+        gpu_count=row.gpu_count,
+        gpus=gpus,
+        models=", ".join(f"{n}× {name}" for name, n in sorted(names.items())) or "–",
+        flavour=row.flavour,
+        version=row.version,
+        cards=cards,
+        problems=problems,
+        last_report=last,
+        reported_live=seen is not None,
+        health=health,
+    )
+
+
+# --- one host -----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class HostDetail:
+    node: Node
+    group: str | None
+    cards_by_gpu: dict[str, list[Card]]
+    vms: list[dict[str, Any]]
+    events: list[Event]
+    jobs: list[Job]
+    active_job: int | None = None
+    last_seen: datetime | None = None
+    vm_of_device: dict[str, str] = field(default_factory=dict)
+
+
+def host_detail(
+    session: Session, platform: CloudPlatform, name: str, last_seen: datetime | None
+) -> HostDetail | None:
+    row = session.execute(
+        select(Node, HostGroup.name)
+        .outerjoin(HostGroup, HostGroup.id == Node.group_id)
+        .where(Node.name == name)
+    ).first()
+    if row is None:
+        return None
+    node, group = row
+    by_gpu: dict[str, list[Card]] = defaultdict(list)
+    for card in platform.list_cards(node=name):
+        by_gpu[card.gpu].append(card)
+    vms = list(node.vms or [])
+    used_by = {d["id"]: vm["name"] for vm in vms for d in vm.get("devices", [])}
+    events = list(
+        session.scalars(select(Event).where(Event.node == name).order_by(Event.id.desc()).limit(20))
+    )
+    jobs = list(session.scalars(select(Job).where(Job.node == name).order_by(Job.id.desc()).limit(10)))
+    active = next((j.id for j in jobs if j.state in ("queued", "running")), None)
+    return HostDetail(node, group, dict(by_gpu), vms, events, jobs, active, last_seen, used_by)
+
+
+# --- events and audit ---------------------------------------------------------------------------------------
+
+
+def search_events(
+    session: Session,
+    *,
+    q: str | None,
+    node: str | None,
+    kind: str | None,
+    severity: str | None,
+    before_id: int | None,
+    limit: int = PAGE_SIZE,
+) -> list[Event]:
+    query = select(Event).order_by(Event.id.desc()).limit(limit)
+    if q:
+        query = query.where(
+            or_(
+                Event.message.contains(q, autoescape=True),
+                Event.kind.contains(q, autoescape=True),
+                Event.target.contains(q, autoescape=True),
+                Event.node.contains(q, autoescape=True),
+            )
+        )
+    if node:
+        query = query.where(Event.node == node)
+    if kind:
+        query = query.where(Event.kind.startswith(kind, autoescape=True))
+    if severity:
+        query = query.where(Event.severity == severity)
+    if before_id is not None:
+        query = query.where(Event.id < before_id)
+    return list(session.scalars(query))
+
+
+def search_audit(
+    session: Session, *, q: str | None, actor: str | None, before_id: int | None, limit: int = PAGE_SIZE
+) -> list[AuditEntry]:
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if q:
+        query = query.where(
+            or_(
+                AuditEntry.action.contains(q, autoescape=True),
+                AuditEntry.target.contains(q, autoescape=True),
+                AuditEntry.detail.contains(q, autoescape=True),
+                AuditEntry.actor.contains(q, autoescape=True),
+            )
+        )
+    if actor:
+        query = query.where(AuditEntry.actor == actor)
+    if before_id is not None:
+        query = query.where(AuditEntry.id < before_id)
+    return list(session.scalars(query))

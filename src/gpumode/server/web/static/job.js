@@ -1,0 +1,67 @@
+// Follows a switch job live: the server sends the job view (and the node's cards) over server-sent events
+// each time they change; this script only paints what it is sent. No polling, no page reload.
+"use strict";
+
+(function () {
+  const root = document.getElementById("job");
+  if (!root || root.dataset.active !== "yes") return;
+  const id = root.dataset.job;
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = text;
+    return e;
+  }
+
+  function badge(state) {
+    return el("span", "state state-" + state, state.replace(/_/g, " "));
+  }
+
+  function paintJob(job) {
+    const s = document.getElementById("job-state");
+    s.className = "state state-" + job.state;
+    s.textContent = job.state.replace(/_/g, " ");
+    document.getElementById("host-state").textContent = job.host_state;
+    document.getElementById("job-duration").textContent = job.duration;
+    const error = document.getElementById("job-error");
+    error.textContent = job.error || "";
+    error.classList.toggle("hidden", !job.error);
+    for (const step of job.steps) {
+      const row = document.querySelector('tr[data-step="' + CSS.escape(step.id) + '"]');
+      if (!row) continue;
+      row.querySelector(".step-state").replaceChildren(badge(step.state));
+      row.querySelector(".step-duration").textContent = step.duration;
+      const note = row.querySelector(".step-note");
+      note.replaceChildren(step.error ? el("span", "bad-text", step.error) : document.createTextNode(step.note || ""));
+    }
+    const cancel = document.getElementById("cancel-form");
+    if (cancel && !job.active) cancel.remove();
+    if (!job.active) {
+      document.getElementById("live").classList.add("hidden");
+      root.dataset.active = "no";
+    }
+  }
+
+  function paintCards(cards) {
+    const body = document.querySelector("#cards tbody");
+    body.replaceChildren(...cards.map(function (c) {
+      const tr = el("tr");
+      const kind = el("td"); kind.appendChild(el("span", "mode mode-" + c.kind, c.kind));
+      const status = el("td"); status.appendChild(el("span", "card-status st-" + c.status, c.status.replace(/_/g, " ")));
+      tr.append(el("td", "", c.id), kind, el("td", "mono small", c.gpu), el("td", "mono small", c.device),
+        el("td", "small", c.vgpu_type || ""), status, el("td", "", c.holder || ""));
+      return tr;
+    }));
+  }
+
+  const source = new EventSource("/ui/jobs/" + id + "/stream");
+  source.onmessage = function (message) {
+    const data = JSON.parse(message.data);
+    paintJob(data.job);
+    paintCards(data.cards);
+  };
+  source.addEventListener("end", function () { source.close(); });
+  // EventSource reconnects by itself after a network error; a closed job needs no reconnecting.
+  source.onerror = function () { if (root.dataset.active === "no") source.close(); };
+})();

@@ -1,0 +1,354 @@
+"""Switching a host from the dashboard: the form, the dry-run preview, the confirmation, and the job page
+that follows the job live (server-sent events) until it ends.
+
+Everything goes through the same functions as ``POST /api/v1/nodes/{name}/switch``
+(:mod:`gpumode.server.jobs`): the preview is the dry-run plan, and confirming stores exactly that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from gpumode.domain import HostSnapshot, Mode, VmPolicy
+from gpumode.modes import policy
+from gpumode.server import audit, jobs, rollouts, whitelist
+from gpumode.server.auth import Role
+from gpumode.server.deps import SessionDep, StateDep
+from gpumode.server.models import HostGroup, Job, Node
+from gpumode.server.routes import work
+from gpumode.server.schemas import SwitchIn
+from gpumode.server.state import ServerState
+from gpumode.server.web.access import WebUser, read_form, require_role
+from gpumode.server.web.render import duration, page
+from gpumode.server.web.session import WebSession
+
+router = APIRouter(include_in_schema=False)
+UI = "/ui"
+POLL_S = 0.4  # how often the event stream looks at the job: well under a step's duration
+HEARTBEAT_S = 15.0  # keeps proxies from closing a quiet stream
+FIELDS = ("mode", "vgpu_type", "vgpu_count", "profile", "passthrough_alias", "vm_policy")
+
+
+# --- the form -----------------------------------------------------------------------------------------------
+
+
+def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]:
+    """What the form offers for this node: each mode (and why it is disabled), vGPU types, profiles and
+    aliases."""
+    snap = HostSnapshot.from_dict(node.snapshot)
+    stored = whitelist.load(session)
+    rules = jobs.policy_whitelist(stored)
+    group_name = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
+    group = rules.group(node.name, group_name if group_name in stored.groups else None)
+    catalog = jobs.catalog()
+    reasons: dict[Mode, list[str]] = {m: [] for m in policy.REQUESTABLE}
+    gpus = []
+    types: set[str] = set()
+    for gpu in snap.gpus:
+        allowed = policy.allowed_modes(snap, gpu, catalog, rules, group)
+        gpus.append({"gpu": gpu, "allowed": {m.value: r for m, r in allowed.items()}})
+        for mode, reason in allowed.items():
+            if reason is not None:
+                reasons[mode].append(f"{gpu.address}: {reason}")
+        offer = policy.vgpu_offer(snap, gpu, catalog)
+        if offer is not None:
+            types.update(t.name for t in offer.types)
+    modes = []
+    for mode in policy.REQUESTABLE:
+        blocked = reasons[mode]
+        every = len(blocked) == len(snap.gpus)
+        modes.append({"mode": mode.value, "disabled": every, "reasons": blocked})
+    platform = state.platform_factory(session)
+    return {
+        "modes": modes,
+        "gpus": gpus,
+        "vgpu_types": sorted(types),
+        "profiles": platform.list_profiles(),
+        "aliases": platform.list_aliases(),
+        "vm_policies": [p.value for p in VmPolicy],
+        "vms": node.vms or [],
+    }
+
+
+def _node(session: Session, name: str) -> Node:
+    try:
+        return jobs.find_node(session, name)
+    except jobs.NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+
+
+@router.get(UI + "/nodes/{name}/switch", response_class=HTMLResponse)
+def switch_form(
+    request: Request, name: str, web: WebUser, session: SessionDep, state: StateDep
+) -> HTMLResponse:
+    node = _node(session, name)
+    return _form_page(request, web, session, state, node, {}, None)
+
+
+def _form_page(
+    request: Request,
+    web: WebSession,
+    session: Session,
+    state: ServerState,
+    node: Node,
+    values: dict[str, Any],
+    error: dict[str, Any] | None,
+    status_code: int = 200,
+) -> HTMLResponse:
+    return page(
+        request,
+        web,
+        "switch.html",
+        status_code,
+        nav="fleet",
+        node=node,
+        c=_choices(session, state, node),
+        values=values,
+        error=error,
+    )
+
+
+def _values(fields: dict[str, list[str]]) -> dict[str, Any]:
+    """The form as the API's body: blank fields are absent, ``gpus`` a list."""
+    values: dict[str, Any] = {}
+    for key in FIELDS:
+        raw = (fields.get(key) or [""])[0].strip()
+        if raw:
+            values[key] = raw
+    values["gpus"] = [g for g in fields.get("gpus", []) if g.strip()]
+    return values
+
+
+def _validate(values: dict[str, Any]) -> SwitchIn:
+    try:
+        return SwitchIn.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise jobs.JobError("invalid_option", problems) from exc
+
+
+def _plan(session: Session, state: ServerState, node: Node, body: SwitchIn) -> Any:
+    options = jobs.SwitchOptions(
+        mode=body.mode,
+        gpus=tuple(body.gpus),
+        vgpu_type=body.vgpu_type,
+        vgpu_count=body.vgpu_count,
+        profile=body.profile,
+        passthrough_alias=body.passthrough_alias,
+        vm_policy=body.vm_policy,
+    )
+    request = jobs.to_request(options, state.platform_factory(session))
+    return jobs.plan_for_node(session, node, request, whitelist.load(session))
+
+
+@router.post(UI + "/nodes/{name}/switch/preview", response_class=HTMLResponse)
+async def preview(request: Request, name: str, web: WebUser, state: StateDep) -> HTMLResponse:
+    """The dry run: the plan and its impact, with a button that stores exactly this request."""
+    require_role(request, web, Role.OPERATOR)
+    values = _values(await read_form(request, web))
+    return await run_in_threadpool(_preview, request, web, state, name, values)
+
+
+def _preview(
+    request: Request, web: WebSession, state: ServerState, name: str, values: dict[str, Any]
+) -> HTMLResponse:
+    with state.sessions() as session:
+        node = _node(session, name)
+        try:
+            plan = _plan(session, state, node, _validate(values))
+        except (jobs.JobError, jobs.NotFound) as exc:
+            return _form_page(request, web, session, state, node, values, _error(exc), 422)
+        session.rollback()
+        return page(
+            request, web, "preview.html", nav="fleet", node=node, plan=jobs.plan_json(plan), values=values
+        )
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, jobs.JobError):
+        return exc.detail()
+    return {"code": "not_found", "message": str(exc), "choices": []}
+
+
+@router.post(UI + "/nodes/{name}/switch", response_model=None)
+async def confirm(request: Request, name: str, web: WebUser, state: StateDep) -> Response:
+    require_role(request, web, Role.OPERATOR)
+    values = _values(await read_form(request, web))
+    return await run_in_threadpool(_confirm, request, web, state, name, values)
+
+
+def _confirm(
+    request: Request, web: WebSession, state: ServerState, name: str, values: dict[str, Any]
+) -> Response:
+    with state.sessions() as session:
+        node = _node(session, name)
+        try:
+            plan = _plan(session, state, node, _validate(values))
+        except (jobs.JobError, jobs.NotFound) as exc:
+            return _form_page(request, web, session, state, node, values, _error(exc), 422)
+        try:
+            job = jobs.create_job(session, node, plan, created_by=web.principal.name)
+        except jobs.ActiveJobExists as exc:
+            session.rollback()
+            error: dict[str, Any] = {
+                "code": "active_job",
+                "message": str(exc),
+                "choices": [],
+                "job": exc.job_id,
+            }
+            return _form_page(request, web, session, state, node, values, error, 409)
+        audit.commit_audited(
+            request, session, target=f"node:{name}", status_code=201, detail=f"job {job.id}: {job.request}"
+        )
+        job_id = job.id
+    work.notifier(request).notify(name)
+    return RedirectResponse(f"{UI}/jobs/{job_id}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+# --- the job ------------------------------------------------------------------------------------------------
+
+
+def _job(session: Session, job_id: int) -> Job:
+    try:
+        return jobs.get_job(session, job_id)
+    except jobs.NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    """What the job page shows and the event stream sends: the same dict, so the page and its live updates
+    cannot disagree."""
+    return {
+        "id": job.id,
+        "node": job.node,
+        "state": job.state,
+        "host_state": job.host_state,
+        "active": jobs.JobState(job.state).active,
+        "cancel_requested": job.cancel_requested,
+        "error": job.error,
+        "duration": duration(job.started_at or job.created_at, job.finished_at),
+        "steps": [
+            {
+                "id": s["id"],
+                "state": s["state"],
+                "duration": duration(s.get("started_at"), s.get("finished_at")),
+                "error": s.get("error"),
+                "note": s.get("note"),
+            }
+            for s in job.steps
+        ],
+    }
+
+
+def cards_view(session: Session, state: ServerState, node: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.id,
+            "kind": c.kind.value,
+            "gpu": c.gpu,
+            "device": c.device,
+            "vgpu_type": c.vgpu_type,
+            "status": c.status.value,
+            "holder": c.holder,
+        }
+        for c in state.platform_factory(session).list_cards(node=node)
+    ]
+
+
+@router.get(UI + "/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(
+    request: Request, job_id: int, web: WebUser, session: SessionDep, state: StateDep
+) -> HTMLResponse:
+    job = _job(session, job_id)
+    return page(
+        request,
+        web,
+        "job.html",
+        nav="fleet",
+        job=job,
+        view=job_view(job),
+        cards=cards_view(session, state, job.node),
+    )
+
+
+@router.get(UI + "/jobs/{job_id}/stream")
+def job_stream(
+    request: Request, job_id: int, web: WebUser, session: SessionDep, state: StateDep
+) -> StreamingResponse:
+    """Server-sent events: the job view (and the node's cards) each time they change, until the job ends."""
+    _job(session, job_id)  # 404 before the stream starts
+    return StreamingResponse(
+        _events(request, state, job_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _snapshot(state: ServerState, job_id: int) -> dict[str, Any]:
+    with state.sessions() as session:
+        job = _job(session, job_id)
+        return {"job": job_view(job), "cards": cards_view(session, state, job.node)}
+
+
+def _without_durations(data: dict[str, Any]) -> str:
+    job = data["job"]
+    steps = [{**s, "duration": None} for s in job["steps"]]
+    return json.dumps({**data, "job": {**job, "duration": None, "steps": steps}}, sort_keys=True)
+
+
+async def _events(request: Request, state: ServerState, job_id: int) -> AsyncIterator[str]:
+    last: str | None = None
+    quiet = 0.0
+    while True:
+        data = await run_in_threadpool(_snapshot, state, job_id)
+        # Durations of running steps tick; compare without them so only real changes are sent.
+        key = _without_durations(data)
+        if key != last or not data["job"]["active"]:
+            last, quiet = key, 0.0
+            yield f"data: {json.dumps(data)}\n\n"
+        elif quiet >= HEARTBEAT_S:
+            quiet = 0.0
+            yield ": still here\n\n"
+        if not data["job"]["active"]:
+            yield "event: end\ndata: {}\n\n"
+            return
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+
+
+@router.post(UI + "/jobs/{job_id}/cancel")
+async def cancel(request: Request, job_id: int, web: WebUser, state: StateDep) -> RedirectResponse:
+    """Cancel a queued job, or have a running one rolled back by its agent."""
+    require_role(request, web, Role.OPERATOR)
+    await read_form(request, web)
+    await run_in_threadpool(_cancel, request, web, state, job_id)
+    return RedirectResponse(f"{UI}/jobs/{job_id}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+def _cancel(request: Request, web: WebSession, state: ServerState, job_id: int) -> None:
+    with state.sessions() as session:
+        try:
+            job = jobs.get_job(session, job_id, lock=True)
+            jobs.cancel(session, job, web.principal.name)
+        except jobs.NotFound as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+        except jobs.JobConflict as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        if not jobs.JobState(job.state).active:
+            session.add(jobs.ended_event(job))
+            rollouts.after_job(session, job)
+        audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"now {job.state}")
+        node = job.node
+    work.notifier(request).notify(node)

@@ -1,0 +1,3 @@
+from .support import dash, seed
+
+__all__ = ["dash", "seed"]

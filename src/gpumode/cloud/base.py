@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from gpumode.domain import HostSnapshot, Mode, PciFunction
+from gpumode.domain import HostSnapshot, Mode, PciFunction, Plan, Step, VmPolicy
 
 
 class CardStatus(StrEnum):
@@ -34,6 +34,10 @@ HELD_STATUSES = frozenset({CardStatus.IN_USE, CardStatus.RESERVED})
 
 class CardError(ValueError):
     """A card operation named something that does not exist or is not allowed."""
+
+
+class CloudError(RuntimeError):
+    """The cloud platform failed, is unreachable, or refuses a switch; the message names what and where."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,73 @@ class CloudPlatform(Protocol):
     def put_alias(self, alias: PassthroughAlias) -> PassthroughAlias: ...
 
     def delete_alias(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One disagreement between the cloud's picture of a host and the host; ``fixed`` when gpumode put it
+    right."""
+
+    provider: str
+    problem: str
+    fixed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloudHostSteps:
+    """Host steps a platform needs in a switch plan (e.g. deliver a config file, restart a service).
+
+    ``last`` runs after the host steps, right before the cloud steps. ``first`` runs before every host step,
+    so its undo runs after every other undo when the host is rolled back (e.g. restart a service once the
+    host and its configuration are back as they were).
+    """
+
+    first: tuple[Step, ...] = ()
+    last: tuple[Step, ...] = ()
+
+
+@runtime_checkable
+class SwitchHooks(Protocol):
+    """What a platform does around a switch job, beyond cards. The server calls these when the platform
+    has them (``isinstance(platform, SwitchHooks)``); the embedded platform's are no-ops.
+
+    Order in a job: :meth:`host_steps` when planning; :meth:`ready` and :meth:`before_switch` when the agent
+    claims the job; :meth:`ready` again when a step with ``checkpoint: true`` is reported done;
+    :meth:`set_up_cards` in ``cloud.register_cards``; :meth:`after_switch` when the job ends, however it
+    ends. :meth:`sync_hardware` runs on a changed hardware report while no job is active on the node.
+    """
+
+    @property
+    def ready_timeout_s(self) -> float:
+        """How long a job waits for :meth:`ready` before it fails."""
+        ...
+
+    def ready(self) -> str | None:
+        """None when the platform can take a switch now, else why not (unreachable, erroring)."""
+        ...
+
+    def host_steps(self, plan: Plan, snapshot: HostSnapshot) -> CloudHostSteps:
+        """Steps to add to ``plan`` (made from ``snapshot``); raises :class:`CloudError` to refuse it."""
+        ...
+
+    def before_switch(self, node: str, *, job: str, policy: VmPolicy) -> dict[str, Any]:
+        """Take the node out of scheduling; returns a JSON *hold* the server stores with the job."""
+        ...
+
+    def after_switch(self, hold: dict[str, Any], *, succeeded: bool) -> list[str]:
+        """Undo :meth:`before_switch` from its hold; returns what could not be undone."""
+        ...
+
+    def set_up_cards(
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+    ) -> str:
+        """Make the cloud offer the host's cards as ``snapshot`` shows them; returns a note for the job.
+        ``delivered``: the plan's host steps already delivered what the host needs."""
+        ...
+
+    def sync_hardware(self, snapshot: HostSnapshot) -> list[Drift]:
+        """Make the cloud agree with the host where gpumode may; report the rest."""
+        ...
 
 
 # --- deriving cards from a snapshot

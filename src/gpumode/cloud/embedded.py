@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import DateTime, Integer, MetaData, String, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from gpumode.cloud.base import Card, CardError, CardSpec, CardStatus, PassthroughAlias, VgpuProfile
-from gpumode.domain import Mode
+from gpumode.cloud.base import (
+    Card,
+    CardError,
+    CardSpec,
+    CardStatus,
+    CloudHostSteps,
+    Drift,
+    PassthroughAlias,
+    VgpuProfile,
+)
+from gpumode.domain import HostSnapshot, Mode, Plan, VmPolicy
 
 # Named constraints keep migrations identical on SQLite and PostgreSQL.
 metadata = MetaData(
@@ -214,3 +224,30 @@ class EmbeddedPlatform:
             raise CardError(f"no passthrough alias named {name!r}")
         self.session.delete(record)
         self.session.flush()
+
+    # switch hooks: nothing outside gpumode's database schedules these cards, so there is nothing to do
+    # ----------------------------------------------------------------------------------------------------
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return 0.0
+
+    def ready(self) -> str | None:
+        return None
+
+    def host_steps(self, plan: Plan, snapshot: HostSnapshot) -> CloudHostSteps:
+        return CloudHostSteps()
+
+    def before_switch(self, node: str, *, job: str, policy: VmPolicy) -> dict[str, Any]:
+        return {}
+
+    def after_switch(self, hold: dict[str, Any], *, succeeded: bool) -> list[str]:
+        return []
+
+    def set_up_cards(
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+    ) -> str:
+        return ""
+
+    def sync_hardware(self, snapshot: HostSnapshot) -> list[Drift]:
+        return []

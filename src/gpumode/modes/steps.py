@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from gpumode.domain import Plan, Step, normalize_address
@@ -551,6 +552,79 @@ class CommandRun(_Base):
             driverops.run_command(host, _argv(ctx, "undo_argv"))
 
 
+class FileWrite(_Base):
+    """A whole configuration file, delivered by the agent for a platform the server drives (nova-compute's
+    drop-in): the server cannot write a remote host's files, the agent can. Undo puts back what was there."""
+
+    action: ClassVar[str] = "file.write"
+
+    def _target(self, host: Host, ctx: StepContext) -> Path:
+        raw = ctx.param("path")
+        if not isinstance(raw, str) or not raw.strip("/"):
+            raise StepError(f"file.write {ctx.step.target}: parameter 'path' is not a path: {raw!r}")
+        target = host.path(raw)
+        # the root is the whole world of a step: a path that climbs out of it is refused, not followed
+        if ".." in Path(raw).parts or not target.resolve().is_relative_to(host.root.resolve()):
+            raise StepError(f"file.write {ctx.step.target}: {raw!r} is outside the host root")
+        return target
+
+    def _mode(self, ctx: StepContext) -> int:
+        raw = ctx.params.get("mode", "0644")
+        try:
+            mode = int(str(raw), 8)
+        except ValueError:
+            raise StepError(
+                f'file.write {ctx.step.target}: mode {raw!r} is not octal (e.g. "0644")'
+            ) from None
+        if not 0 <= mode <= 0o7777:
+            raise StepError(f"file.write {ctx.step.target}: mode {raw!r} is out of range")
+        return mode
+
+    def check(self, host: Host, ctx: StepContext) -> bool:
+        target = self._target(host, ctx)
+        content = ctx.param("content")
+        try:
+            return target.is_file() and target.read_text() == content
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    def apply(self, host: Host, ctx: StepContext) -> None:
+        target = self._target(host, ctx)
+        content = ctx.param("content")
+        if not isinstance(content, str):
+            raise StepError(f"file.write {ctx.step.target}: parameter 'content' is not text")
+        mode = self._mode(ctx)
+        if target.is_file():
+            ctx.remember(previous=target.read_text(), previous_mode=f"{target.stat().st_mode & 0o7777:04o}")
+        else:
+            ctx.remember(previous=None, previous_mode=None)
+        _replace_file(target, content, mode)
+
+    def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
+        if "previous" not in record:
+            return  # apply never got as far as remembering: it changed nothing
+        target = self._target(host, ctx)
+        previous = record["previous"]
+        if previous is None:
+            target.unlink(missing_ok=True)
+        else:
+            _replace_file(target, str(previous), int(str(record.get("previous_mode") or "0644"), 8))
+
+
+def _replace_file(path: Path, text: str, mode: int) -> None:
+    """Write aside, then rename: a reader (nova-compute starting) sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.gpumode-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode())
+        os.fchmod(fd, mode)  # the umask narrowed the mode os.open was given
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 _IMPLS: tuple[StepImpl, ...] = (
     VmShutdown(),
     VmDetachDevice(),
@@ -568,6 +642,7 @@ _IMPLS: tuple[StepImpl, ...] = (
     DriverInstall(),
     DriverRemove(),
     CommandRun(),
+    FileWrite(),
 )
 
 

@@ -12,19 +12,28 @@ processes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpumode.cloud.base import CardStatus, CloudPlatform, PassthroughAlias, cards_for_snapshot
+from gpumode.cloud.base import (
+    CardStatus,
+    CloudError,
+    CloudHostSteps,
+    CloudPlatform,
+    PassthroughAlias,
+    SwitchHooks,
+    cards_for_snapshot,
+)
 from gpumode.domain import HostSnapshot, Mode, Plan, SwitchRequest, VmPolicy
 from gpumode.host.vms import Vm, VmDevice
 from gpumode.modes import policy
@@ -33,6 +42,8 @@ from gpumode.modes.plan import plan_switch
 from gpumode.server import sync
 from gpumode.server.models import Event, HostGroup, Job, Node
 from gpumode.server.schemas import Whitelist
+
+log = logging.getLogger(__name__)
 
 
 class JobState(StrEnum):
@@ -182,13 +193,23 @@ def catalog() -> Catalog:
     return _CATALOG
 
 
-def plan_for_node(session: Session, node: Node, request: SwitchRequest, whitelist: Whitelist) -> Plan:
-    """Plan ``request`` on the node as it last reported itself; :class:`JobError` when it may not run."""
+def plan_for_node(
+    session: Session,
+    node: Node,
+    request: SwitchRequest,
+    whitelist: Whitelist,
+    platform: CloudPlatform | None = None,
+) -> Plan:
+    """Plan ``request`` on the node as it last reported itself; :class:`JobError` when it may not run.
+
+    With ``platform``, the host steps it asks for (:meth:`SwitchHooks.host_steps`, e.g. delivering
+    nova-compute's configuration) are part of the plan, so a dry run shows exactly what a job runs.
+    """
     group = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
     snapshot = HostSnapshot.from_dict(node.snapshot)
     rules = policy_whitelist(whitelist)
     try:
-        return plan_switch(
+        plan = plan_switch(
             snapshot,
             stored_vms(node),
             request,
@@ -198,6 +219,32 @@ def plan_for_node(session: Session, node: Node, request: SwitchRequest, whitelis
         )
     except policy.RequestError as exc:
         raise JobError(exc.code, exc.message, exc.choices) from exc
+    hooks = switch_hooks(platform)
+    if hooks is None:
+        return plan
+    try:
+        extra = hooks.host_steps(plan, snapshot)
+    except CloudError as exc:
+        raise JobError("cloud_refused", str(exc)) from exc
+    return with_host_steps(plan, extra)
+
+
+def switch_hooks(platform: CloudPlatform | None) -> SwitchHooks | None:
+    """The platform's switch hooks, when it has them."""
+    return platform if isinstance(platform, SwitchHooks) else None
+
+
+def with_host_steps(plan: Plan, extra: CloudHostSteps) -> Plan:
+    """``plan`` with a platform's host steps: ``first`` before every host step, ``last`` after them and
+    before the cloud steps; ids renumbered (``NN-action-target``) so they stay unique and ordered."""
+    if not extra.first and not extra.last:
+        return plan
+    host = [s for s in plan.steps if s.where == "host"]
+    cloud = [s for s in plan.steps if s.where != "host"]
+    ordered = [*extra.first, *host, *extra.last, *cloud]
+    steps = [replace(s, id=f"{i:02d}-{s.action}-{s.target}") for i, s in enumerate(ordered, start=1)]
+    impact = replace(plan.impact, estimated_seconds=round(sum(s.estimate_s for s in steps), 3))
+    return replace(plan, steps=steps, impact=impact)
 
 
 def find_node(session: Session, name: str) -> Node:
@@ -317,8 +364,13 @@ def _finish(job: Job, state: JobState, error: str | None = None) -> None:
         job.error = error
 
 
-def claim_work(session: Session, node: str) -> Job | None:
-    """The node's job whose host steps are not finished; a queued one becomes running. Commits."""
+def claim_work(session: Session, node: str, platform: CloudPlatform | None = None) -> Job | None:
+    """The node's job whose host steps are not finished; a queued one becomes running. Commits.
+
+    With a platform that has switch hooks, a queued job starts only once the platform is usable and has
+    taken the node out of scheduling (:func:`take_hold`); until then the caller gets None, and the job
+    says why it waits.
+    """
     job = session.scalars(
         select(Job)
         .where(
@@ -333,11 +385,111 @@ def claim_work(session: Session, node: str) -> Job | None:
         session.rollback()
         return None
     if job.state == JobState.QUEUED.value:
+        hooks = switch_hooks(platform)
+        if hooks is not None and not take_hold(session, hooks, job):
+            return None
         job.state = JobState.RUNNING.value
         job.host_state = HostState.RUNNING.value
         job.started_at = job.updated_at = now()
         session.commit()
     return job
+
+
+# --- the cloud platform around a job ------------------------------------------------------------------------
+#
+# ``Job.cloud`` (JSON) records what the platform did, so any server process can finish or undo it:
+#   {"waiting_since": iso}             the platform was not usable when the agent asked for the job
+#   {"taking": iso}                    before_switch is running (another claim must not start it twice)
+#   {"hold": {...}, "released": bool,  before_switch's hold; released once after_switch ran,
+#    "problems": [...]}                with what it could not undo
+
+
+def take_hold(session: Session, hooks: SwitchHooks, job: Job) -> bool:
+    """Wait for the platform, then run ``before_switch`` and store its hold. Commits. False: not now (the
+    job waits, or it ended because the platform refused or stayed away too long)."""
+    record = dict(job.cloud or {})
+    if "taking" in record or "hold" in record:
+        session.rollback()  # another request is taking the hold right now
+        return False
+    why = hooks.ready()
+    if why is not None:
+        _wait_for_cloud(session, hooks, job, record, why)
+        return False
+    job.cloud = {"taking": now().isoformat()}
+    session.commit()  # marks the job before the (slow) platform calls, and lets go of its row
+    policy_ = VmPolicy(job.request.get("vm_policy") or VmPolicy.GPU.value)
+    try:
+        hold = hooks.before_switch(job.node, job=f"job {job.id}", policy=policy_)
+    except CloudError as exc:
+        session.refresh(job, with_for_update=True)
+        job.cloud = {}
+        if JobState(job.state) is JobState.QUEUED:
+            _finish(job, JobState.FAILED, f"the cloud platform did not let the switch start: {exc}")
+            _ended(session, job)
+        session.commit()
+        return False
+    session.refresh(job, with_for_update=True)
+    job.cloud = {"hold": hold, "released": False, "problems": []}
+    if JobState(job.state) is not JobState.QUEUED:  # cancelled while the hold was being taken
+        release_hold(hooks, job, succeeded=False)
+        session.commit()
+        return False
+    job.error = None  # the waiting message, if any
+    return True
+
+
+def _wait_for_cloud(session: Session, hooks: SwitchHooks, job: Job, record: dict[str, Any], why: str) -> None:
+    stamp = now()
+    since = record.get("waiting_since") or stamp.isoformat()
+    waited = (stamp - datetime.fromisoformat(since)).total_seconds()
+    if waited >= hooks.ready_timeout_s:
+        job.cloud = {}
+        _finish(
+            job,
+            JobState.FAILED,
+            f"gave up after waiting {waited:.0f}s for the cloud platform; nothing was changed: {why}",
+        )
+        _ended(session, job)
+    else:
+        job.cloud = {"waiting_since": since}
+        job.error = f"waiting for the cloud platform before starting (since {since}): {why}"
+        job.updated_at = stamp
+    session.commit()
+
+
+def release_hold(hooks: SwitchHooks, job: Job, *, succeeded: bool) -> None:
+    """``after_switch`` for the job's hold, once; what it could not undo is kept with the job and its
+    error. A platform that fails here leaves the hold unreleased, for :func:`recover` to try again."""
+    record = dict(job.cloud or {})
+    if "hold" not in record or record.get("released"):
+        return
+    try:
+        problems = hooks.after_switch(dict(record["hold"]), succeeded=succeeded)
+    except CloudError as exc:
+        log.error("job %s: could not release the cloud hold: %s", job.id, exc)
+        job.cloud = {**record, "problems": [f"after_switch failed, will retry: {exc}"]}
+        job.error = "; ".join(x for x in (job.error, f"the cloud hold was not released: {exc}") if x)
+        return
+    job.cloud = {**record, "released": True, "problems": problems}
+    if problems:
+        job.error = "; ".join(x for x in (job.error, *problems) if x)
+
+
+def _end(platform: CloudPlatform, job: Job, state: JobState, error: str | None = None) -> None:
+    """End the job, then give the node back to the cloud (restarting moved instances unless it
+    succeeded)."""
+    _finish(job, state, error)
+    hooks = switch_hooks(platform)
+    if hooks is not None:
+        release_hold(hooks, job, succeeded=state is JobState.SUCCEEDED)
+
+
+def _ended(session: Session, job: Job) -> None:
+    """The event and the rollout's next move for a job that ended outside an API call that does them."""
+    from gpumode.server import rollouts  # rollouts builds on this module
+
+    session.add(ended_event(job))
+    rollouts.after_job(session, job)
 
 
 def cancel(session: Session, job: Job, by: str) -> None:
@@ -368,8 +520,15 @@ class StepReport:
     note: str | None = None
 
 
-def apply_step_reports(job: Job, reports: Sequence[StepReport]) -> None:
-    """Fold the agent's step reports into the job (repeating one is harmless). Unknown steps are refused."""
+def apply_step_reports(
+    job: Job, reports: Sequence[StepReport], platform: CloudPlatform | None = None
+) -> None:
+    """Fold the agent's step reports into the job (repeating one is harmless). Unknown steps are refused.
+
+    A step whose params say ``checkpoint: true`` (the platform's own setup on the host, e.g. restarting
+    nova-compute) reported done makes the server check the platform at once: if it is not usable, the answer
+    asks the agent to roll the host back, while it still can.
+    """
     by_id = {s["id"]: dict(s) for s in job.steps}
     for report in reports:
         step = by_id.get(report.step)
@@ -390,6 +549,20 @@ def apply_step_reports(job: Job, reports: Sequence[StepReport]) -> None:
         by_id[report.step] = step
     job.steps = [by_id[s["id"]] for s in job.steps]
     job.updated_at = now()
+    hooks = switch_hooks(platform)
+    if hooks is not None and not job.cancel_requested:
+        _checkpoint(hooks, job, reports)
+
+
+def _checkpoint(hooks: SwitchHooks, job: Job, reports: Sequence[StepReport]) -> None:
+    params = {s["id"]: s.get("params") or {} for s in job.plan["steps"]}
+    for report in reports:
+        if report.state is StepState.DONE and params.get(report.step, {}).get("checkpoint"):
+            why = hooks.ready()
+            if why is not None:
+                job.cancel_requested = True
+                job.error = f"the cloud platform failed mid-switch (after step {report.step}): {why}"
+                return
 
 
 def host_finished(
@@ -405,7 +578,7 @@ def host_finished(
         return
     cancelled = job.cancel_requested and result is HostState.ROLLED_BACK
     why = (job.error + "; the host was rolled back") if cancelled and job.error else error
-    _finish(job, JobState.ROLLED_BACK if result is HostState.ROLLED_BACK else JobState.FAILED, why)
+    _end(platform, job, JobState.ROLLED_BACK if result is HostState.ROLLED_BACK else JobState.FAILED, why)
 
 
 # --- cloud steps (method step 7) ----------------------------------------------------------------------------
@@ -416,7 +589,7 @@ def run_cloud_steps(session: Session, platform: CloudPlatform, job: Job) -> None
     the job."""
     node = session.get(Node, job.node_id)
     if node is None:
-        _finish(job, JobState.FAILED, f"node {job.node} was removed before its cloud steps ran")
+        _end(platform, job, JobState.FAILED, f"node {job.node} was removed before its cloud steps ran")
         return
     snapshot = HostSnapshot.from_dict(node.snapshot)
     plan_steps = {s["id"]: s for s in job.plan["steps"]}
@@ -432,7 +605,7 @@ def run_cloud_steps(session: Session, platform: CloudPlatform, job: Job) -> None
             continue
         params = plan_steps[step["id"]]["params"]
         try:
-            step["note"] = _cloud_step(platform, snapshot, step["action"], params)
+            step["note"] = _cloud_step(platform, snapshot, step["action"], params, job)
             step["state"] = StepState.DONE.value
         except CloudStepError as exc:
             step["state"], step["error"] = StepState.FAILED.value, str(exc)
@@ -440,21 +613,42 @@ def run_cloud_steps(session: Session, platform: CloudPlatform, job: Job) -> None
         step["finished_at"] = now().isoformat()
     job.steps = steps
     if failure is not None:
-        _finish(job, JobState.FAILED, failure)
+        _end(platform, job, JobState.FAILED, failure)
     else:
-        _finish(job, JobState.SUCCEEDED)
+        _end(platform, job, JobState.SUCCEEDED)
 
 
 class CloudStepError(RuntimeError):
     """A cloud step found the platform or the host not as the plan expects."""
 
 
-def _cloud_step(platform: CloudPlatform, snapshot: HostSnapshot, action: str, params: dict[str, Any]) -> str:
+def _cloud_step(
+    platform: CloudPlatform, snapshot: HostSnapshot, action: str, params: dict[str, Any], job: Job
+) -> str:
     if action == "cloud.register_cards":
-        return _register_cards(platform, snapshot, params["cards"])
+        note = _register_cards(platform, snapshot, params["cards"])
+        hooks = switch_hooks(platform)
+        if hooks is None:
+            return note
+        try:
+            setup = hooks.set_up_cards(
+                snapshot, alias=job.request.get("passthrough_alias"), delivered=_delivered(job)
+            )
+        except CloudError as exc:
+            raise CloudStepError(str(exc)) from exc
+        return "; ".join(x for x in (note, setup) if x)
     if action == "cloud.deploy_env":
         return _deploy_env(platform, snapshot, params)
     raise CloudStepError(f"unknown cloud action {action!r}")
+
+
+def _delivered(job: Job) -> bool:
+    """Did the job's host steps include the platform's own setup (its ``checkpoint`` step), done?"""
+    params = {s["id"]: s.get("params") or {} for s in job.plan["steps"]}
+    return any(
+        params.get(s["id"], {}).get("checkpoint") and s["state"] in (StepState.DONE.value, "skipped")
+        for s in job.steps
+    )
 
 
 def _register_cards(platform: CloudPlatform, snapshot: HostSnapshot, cards: list[dict[str, Any]]) -> str:
@@ -523,7 +717,32 @@ def recover(session: Session, platform: CloudPlatform) -> list[int]:
             run_cloud_steps(session, platform, job)
             session.add(ended_event(job, note="cloud steps finished after a server restart"))
         session.commit()
+    _recover_holds(session, platform)
     return ids
+
+
+RELEASE_RETRY_DAYS = 7  # how far back a restarted server looks for holds it could not release
+
+
+def _recover_holds(session: Session, platform: CloudPlatform) -> None:
+    """Holds a dead server left: release those of ended jobs; forget a hold being taken by a queued job (the
+    next claim takes it again: ``before_switch`` recognises its own disable)."""
+    hooks = switch_hooks(platform)
+    if hooks is None:
+        return
+    recent = now() - timedelta(days=RELEASE_RETRY_DAYS)
+    query = select(Job).where(
+        Job.cloud.is_not(None),
+        or_(Job.state.in_([s.value for s in JobState if s.active]), Job.finished_at > recent),
+    )
+    for job in session.scalars(query.order_by(Job.id)):
+        record = job.cloud or {}
+        if JobState(job.state).active:
+            if job.state == JobState.QUEUED.value and "taking" in record:
+                job.cloud = {}
+        elif "hold" in record and not record.get("released"):
+            release_hold(hooks, job, succeeded=job.state == JobState.SUCCEEDED.value)
+    session.commit()
 
 
 def ended_event(job: Job, note: str | None = None) -> Event:

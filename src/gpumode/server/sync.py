@@ -22,9 +22,18 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from gpumode.cloud.base import HELD_STATUSES, Card, CardSpec, CardStatus, CloudPlatform, cards_for_snapshot
+from gpumode.cloud.base import (
+    HELD_STATUSES,
+    Card,
+    CardSpec,
+    CardStatus,
+    CloudError,
+    CloudPlatform,
+    SwitchHooks,
+    cards_for_snapshot,
+)
 from gpumode.domain import HostSnapshot, PciFunction
-from gpumode.server.models import Event, Node
+from gpumode.server.models import ACTIVE_JOB_STATES, Event, Job, Node
 
 
 class Severity:
@@ -101,6 +110,8 @@ def apply_snapshot(
         )
     result.events.extend(_hardware_events(snapshot.hostname, old, snapshot, now))
     _reconcile_cards(platform, snapshot, result, now)
+    if not created and not _switching(session, snapshot.hostname):
+        result.events.extend(_cloud_drift(platform, snapshot, now))
     node.snapshot = snapshot.to_dict()
     node.fingerprint = snapshot.fingerprint
     node.mode = host_mode(snapshot)
@@ -279,6 +290,43 @@ def _reconcile_cards(
             )
         )
     result.cards_added += len(new_specs)
+
+
+# --- the cloud's picture of the host
+# ----------------------------------------------------------------------------------
+
+
+def _switching(session: Session, node: str) -> bool:
+    """A switch job is under way: its own cloud steps set the cloud up once the host is done; a sync in
+    between would see a host in flux and mark the cloud before the new inventory is there."""
+    query = select(Job.id).where(Job.node == node, Job.state.in_(ACTIVE_JOB_STATES)).limit(1)
+    return session.scalar(query) is not None
+
+
+def _cloud_drift(platform: CloudPlatform, snapshot: HostSnapshot, now: datetime) -> list[Event]:
+    """Let a platform with switch hooks compare its picture with the changed host (``sync_hardware``): one
+    event per disagreement, a warning for what it could not fix; a platform that fails is an event too, never
+    a failed report (the host's own facts are stored regardless)."""
+    if not isinstance(platform, SwitchHooks):
+        return []
+    node = snapshot.hostname
+    try:
+        drift = platform.sync_hardware(snapshot)
+    except CloudError as exc:
+        return [
+            make_event(node, "cloud.sync_failed", Severity.WARNING, None, f"cloud sync failed: {exc}", now)
+        ]
+    return [
+        make_event(
+            node,
+            "cloud.drift_fixed" if d.fixed else "cloud.drift",
+            Severity.INFO if d.fixed else Severity.WARNING,
+            d.provider[:128],
+            f"{d.provider}: {d.problem}",
+            now,
+        )
+        for d in drift
+    ]
 
 
 def _card(card: Card) -> dict[str, Any]:

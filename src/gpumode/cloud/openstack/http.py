@@ -15,10 +15,11 @@ from keystoneauth1.identity import v3
 from keystoneauth1.plugin import BaseAuthPlugin
 from keystoneauth1.token_endpoint import Token
 
+from gpumode.cloud.base import CloudError
 from gpumode.cloud.openstack.config import OpenStackConfig
 
 
-class OpenStackError(RuntimeError):
+class OpenStackError(CloudError):
     """An OpenStack operation failed or found the cloud not as expected; the message names what."""
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from gpumode.cloud.openstack.expect import MODE_TRAITS, TRAIT_PREFIX, Expectation
-from gpumode.cloud.openstack.http import OpenStackError
+from gpumode.cloud.openstack.http import OpenStackError, ServiceError
 from gpumode.cloud.openstack.placement import PlacementClient, Provider
 from gpumode.domain import Mode
 
@@ -63,14 +63,22 @@ def apply_marks(
     try:
         for provider in sorted(tree, key=lambda p: (p.parent_uuid is not None, p.name)):
             modes = provider_modes(provider, expect)
-            _change(result, "traits", provider, placement.update_traits, partial(desired_traits, modes=modes))
-            _change(
-                result,
-                "aggregates",
-                provider,
-                placement.update_aggregates,
-                partial(desired_aggregates, modes=modes, mode_aggregates=mode_aggregates),
-            )
+            try:
+                _change(
+                    result, "traits", provider, placement.update_traits, partial(desired_traits, modes=modes)
+                )
+                _change(
+                    result,
+                    "aggregates",
+                    provider,
+                    placement.update_aggregates,
+                    partial(desired_aggregates, modes=modes, mode_aggregates=mode_aggregates),
+                )
+            except ServiceError as exc:
+                # nova-compute removes the children its new configuration no longer names while gpumode
+                # marks: a child gone meanwhile needs no marks
+                if exc.status != 404 or provider.parent_uuid is None:
+                    raise
     except Exception as exc:
         left = undo_marks(placement, result)
         extra = f"; could not put back: {left}" if left else "; changes made so far were put back"

@@ -23,19 +23,28 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpumode.cloud.base import Card, CardSpec, CardStatus, PassthroughAlias, VgpuProfile
+from gpumode.cloud.base import (
+    Card,
+    CardSpec,
+    CardStatus,
+    CloudHostSteps,
+    Drift,
+    PassthroughAlias,
+    VgpuProfile,
+)
 from gpumode.cloud.embedded import EmbeddedPlatform
 from gpumode.cloud.openstack.channel import NodeChannel
 from gpumode.cloud.openstack.compute import ComputeApi
 from gpumode.cloud.openstack.config import OpenStackConfig
 from gpumode.cloud.openstack.cyborg import ProfileSource
+from gpumode.cloud.openstack.delivery import delivery_steps, predict
 from gpumode.cloud.openstack.expect import Expectation, expectation
 from gpumode.cloud.openstack.http import OpenStackError, ServiceError
 from gpumode.cloud.openstack.marks import MarkResult, apply_marks
-from gpumode.cloud.openstack.novaconf import render_dropin
+from gpumode.cloud.openstack.novaconf import RenderError, render_dropin
 from gpumode.cloud.openstack.placement import PlacementClient, Provider
 from gpumode.cloud.openstack.switch import Hold, Waiter, hold_host, release_host
-from gpumode.domain import HostSnapshot, Mode, VmPolicy
+from gpumode.domain import HostSnapshot, Mode, Plan, VmPolicy
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +55,6 @@ MARKED_MODES = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)
 
 def aggregate_name(mode: Mode) -> str:
     return f"gpumode-{mode.value}"
-
-
-@dataclass(frozen=True, slots=True)
-class Drift:
-    """One disagreement between Placement and the host; ``fixed`` when gpumode put it right."""
-
-    provider: str
-    problem: str
-    fixed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,29 @@ class OpenStackPlatform:
 
     # --- switch hooks -------------------------------------------------------------------------------------
 
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.config.inventory_timeout_s
+
+    def ready(self) -> str | None:
+        """Can Placement be used now? One cheap authenticated read; None when it answered."""
+        try:
+            self.placement.client.call("GET", "/traits?name=startswith:CUSTOM_GPUMODE_")
+        except ServiceError as exc:
+            return f"Placement is not usable: {exc}"
+        return None
+
+    def host_steps(self, plan: Plan, snapshot: HostSnapshot) -> CloudHostSteps:
+        """Deliver the drop-in for the host as the plan leaves it, and restart nova-compute (see
+        :mod:`.delivery`). Refuses a plan nova cannot be configured for, naming the GPU."""
+        try:
+            dropin = self.render(predict(plan, snapshot), alias=plan.request.passthrough_alias)
+        except RenderError as exc:
+            raise OpenStackError(f"nova-compute cannot be configured for this switch: {exc}") from exc
+        return delivery_steps(
+            dropin_path=self.config.nova_dropin, dropin=dropin, restart=list(self.config.restart_command)
+        )
+
     def before_switch(self, node: str, *, job: str, policy: VmPolicy) -> dict[str, Any]:
         """Take the host out of Nova's scheduling and apply the VM policy; returns the hold to store with the
         job (``{}`` when Nova is not driven)."""
@@ -183,9 +206,26 @@ class OpenStackPlatform:
                     aliases[(fn.vendor if fn else 0x10DE, gpu.device)] = alias
         return render_dropin(snapshot, aliases=aliases, pci_in_placement=self.config.pci_in_placement)
 
-    def set_up_cards(self, snapshot: HostSnapshot, *, alias: str | None = None) -> str:
+    def set_up_cards(
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+    ) -> str:
         """Card setup for the host's new modes (see the module doc). Placement is only written after it shows
-        the expected inventory, and a failed marking is undone, so a failure leaves no half-written marks."""
+        the expected inventory, and a failed marking is undone, so a failure leaves no half-written marks.
+
+        ``delivered``: a switch job's host steps already wrote the drop-in and restarted nova-compute
+        (:meth:`host_steps`); otherwise they go through the configured :class:`NodeChannel`.
+        """
+        node = snapshot.hostname
+        if not delivered:
+            self._deliver(snapshot, alias)
+        expect = expectation(snapshot, pci_in_placement=self.config.pci_in_placement)
+        self.waiter(self.config.inventory_timeout_s).until(
+            f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
+        )
+        marks = self.mark(expect)
+        return f"nova-compute configured and restarted; {marks.summary()}"
+
+    def _deliver(self, snapshot: HostSnapshot, alias: str | None) -> None:
         node = snapshot.hostname
         channel = self.clients.channel
         if channel is None:
@@ -197,12 +237,6 @@ class OpenStackPlatform:
             raise OpenStackError(
                 f"restarting nova-compute on {node} failed (exit {result.returncode}): {detail}"
             )
-        expect = expectation(snapshot, pci_in_placement=self.config.pci_in_placement)
-        self.waiter(self.config.inventory_timeout_s).until(
-            f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
-        )
-        marks = self.mark(expect)
-        return f"nova-compute configured and restarted; {marks.summary()}"
 
     def inventory_missing(self, expect: Expectation) -> str | None:
         """What Placement lacks of ``expect`` (None: all there). An unreachable Placement counts as

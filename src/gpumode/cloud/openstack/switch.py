@@ -82,7 +82,8 @@ def hold_host(
     if service is None:
         raise OpenStackError(f"Nova has no nova-compute service on host {node}")
     reason = f"{REASON_PREFIX} {job}: GPU mode switch"
-    hold = Hold(node, service.id, service.enabled, reason)
+    # Disabled with this job's own reason: an earlier attempt (a server that died midway) did it; still ours.
+    hold = Hold(node, service.id, service.enabled or service.disabled_reason == reason, reason)
     if service.enabled:
         compute.set_service(service.id, enabled=False, reason=reason)
     try:

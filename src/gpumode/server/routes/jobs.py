@@ -84,7 +84,7 @@ def switch(
     try:
         node = jobs.find_node(session, name)
         switch_request = jobs.to_request(_options(body), platform)
-        plan = jobs.plan_for_node(session, node, switch_request, whitelist.load(session))
+        plan = jobs.plan_for_node(session, node, switch_request, whitelist.load(session), platform)
     except jobs.NotFound as exc:
         raise _not_found(exc) from exc
     except jobs.JobError as exc:

@@ -89,7 +89,7 @@ def _authenticate(state: ServerState, request: Request, node: str) -> None:
 
 def _claim(state: ServerState, node: str) -> WorkOut | None:
     with state.sessions() as session:
-        job = jobs.claim_work(session, node)
+        job = jobs.claim_work(session, node, state.platform_factory(session))
         if job is None:
             return None
         return WorkOut(
@@ -155,7 +155,7 @@ def events(
     ]
     try:
         if job.host_state in (jobs.HostState.PENDING.value, jobs.HostState.RUNNING.value):
-            jobs.apply_step_reports(job, reports)
+            jobs.apply_step_reports(job, reports, platform)
             if body.host is not None:
                 jobs.host_finished(session, platform, job, jobs.HostState(body.host.result), body.host.error)
         elif job.host_state == jobs.HostState.DONE.value:

@@ -1,7 +1,8 @@
 """The dashboard in real headless Chromium against a demo stack: a server and one ``gpumode agent`` per
 emulated host. Signs in, opens the fleet and a host, previews and confirms a switch, watches the job page
 reach ``succeeded`` without a reload (server-sent events), sees the cards change; a viewer sees no switch
-button and is refused when it posts anyway. Saves a screenshot of each page to ``docs/screenshots/``.
+button and is refused when it posts anyway. Saves a screenshot of each page to ``artifacts/screenshots/``
+(ignored by git); with ``GPUMODE_UPDATE_SCREENSHOTS=1`` to ``docs/screenshots/``, which the README shows.
 
 Skips, saying why, when Playwright or Chromium (``/usr/bin/chromium``, Debian's ``chromium`` package,
 installed by ``scripts/install-system-deps.sh``) is missing or cannot start. Marked ``slow`` (~25 s: real
@@ -10,6 +11,7 @@ agents run a real switch); CI still runs it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,8 @@ ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+UPDATE_DOCS = os.environ.get("GPUMODE_UPDATE_SCREENSHOTS") == "1"
+SHOTS = Path(__file__).resolve().parents[2] / ("docs" if UPDATE_DOCS else "artifacts") / "screenshots"
 HGX, L40S = "hgx-h100-01", "l40s-node-03"
 VGPU_TYPE = "NVIDIA H100XM-20C"
 JOB_TIMEOUT_MS = 90_000  # the whole switch on two busy cores takes ~10-20 s

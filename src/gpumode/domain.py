@@ -1,8 +1,8 @@
 """Pure types shared by every layer of gpumode.
 
-Nothing here touches the host or imports other gpumode modules: the host layer fills these types, the mode engine
-plans with them, the server stores them. Snapshots are plain dataclasses (fast to build, fast to import); their JSON
-form is the documented, versioned wire schema (see ``docs/snapshot-schema.md``).
+Nothing here touches the host or imports other gpumode modules: the host layer fills these types, the mode
+engine plans with them, the server stores them. Snapshots are plain dataclasses (fast to build, fast to
+import); their JSON form is the documented, versioned wire schema (see ``docs/snapshot-schema.md``).
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class HostSnapshot:
         )
 
 
-# --- plans -------------------------------------------------------------------------------------------------------
+# --- plans --------------------------------------------------------------------------------------------------
 
 class VmPolicy(StrEnum):
     """What a switch may do to running VMs."""
@@ -342,7 +342,9 @@ class Impact:
 
 @dataclass(slots=True)
 class Plan:
-    """An ordered list of steps plus their impact. Pure data: shown by --dry-run, stored with a job, executed."""
+    """An ordered list of steps plus their impact.
+
+    Pure data: shown by --dry-run, stored with a job, executed."""
 
     hostname: str
     request: SwitchRequest

@@ -1,10 +1,10 @@
 """The host seen through one injectable root directory.
 
-Every path gpumode uses on a host is derived from :attr:`Host.root` (like mdevctl's environment root), so tests and
-the demo point it at an emulated tree. Reads are plain file reads everywhere. Every write to the kernel goes through
-:meth:`Host.write` and every command through :meth:`Host.run`: on a real host they hit the kernel and the shell; on
-an emulated host (a root holding ``.gpumode-emulated/``) they are handed to the emulated kernel and userspace, which
-react as the real ones do, errnos included.
+Every path gpumode uses on a host is derived from :attr:`Host.root` (like mdevctl's environment root), so
+tests and the demo point it at an emulated tree. Reads are plain file reads everywhere. Every write to the
+kernel goes through :meth:`Host.write` and every command through :meth:`Host.run`: on a real host they hit the
+kernel and the shell; on an emulated host (a root holding ``.gpumode-emulated/``) they are handed to the
+emulated kernel and userspace, which react as the real ones do, errnos included.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """VMs on a host, through one small interface.
 
-The mode engine only needs to list VMs with their GPU devices, stop and start them, and take a device out of (or put
-it back into) a VM's persistent definition. Two implementations: libvirt (``gpumode.host.libvirt_vms``) and the
-emulated hypervisor of an emulated host (``gpumode.host.emulated.hypervisor``). :func:`open_hypervisor` picks one.
+The mode engine only needs to list VMs with their GPU devices, stop and start them, and take a device out of
+(or put it back into) a VM's persistent definition. Two implementations: libvirt
+(``gpumode.host.libvirt_vms``) and the emulated hypervisor of an emulated host
+(``gpumode.host.emulated.hypervisor``). :func:`open_hypervisor` picks one.
 """
 
 from __future__ import annotations

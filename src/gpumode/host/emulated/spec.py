@@ -1,8 +1,9 @@
 """Declarative description of an emulated host: the hardware, and the state it starts in.
 
-A fixture (``fixtures/*.py``) returns a :class:`HostSpec`; :func:`gpumode.host.emulated.build.create_host` lays it out
-as a kernel-shaped tree under a directory. The spec says *what* exists; the emulated kernel decides *how* it looks
-in sysfs (formats, links, side effects), exactly as a real kernel would from the same hardware.
+A fixture (``fixtures/*.py``) returns a :class:`HostSpec`; :func:`gpumode.host.emulated.build.create_host`
+lays it out as a kernel-shaped tree under a directory. The spec says *what* exists; the emulated kernel
+decides *how* it looks in sysfs (formats, links, side effects), exactly as a real kernel would from the same
+hardware.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-VgpuInterface = Literal["mdev", "vendor"]  # mdev_supported_types (pre-Ada) | <VF>/nvidia/current_vgpu_type (17+)
+# mdev_supported_types (pre-Ada) | <VF>/nvidia/current_vgpu_type (vGPU 17+)
+VgpuInterface = Literal["mdev", "vendor"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,13 +241,14 @@ class EmulatedKernel:
         upgrade)."""
         with state_mod.locked(self.root):
             text = state_mod.read_text(self.root)
-            tree = sysfs.render(state_mod.parse(text))
+            current = state_mod.parse(text)
+            _finish_interrupted(self.root, text, current)  # takes away what an unfinished update left
+            tree = sysfs.render(current)
             sysfs.apply(self.root, sysfs.Tree(), tree)
-            state_mod.done(self.root)
             _remember(text, tree)
 
 
-# --- the rendered tree of the saved state ---------------------------------------------------------------------
+# --- the rendered tree of the saved state -------------------------------------------------------------------
 # Each operation needs the tree of the state it starts from, to diff against. It is the tree the previous
 # operation rendered, so the kernel keeps the last few, keyed by the exact state text: a state written by
 # another process, or anything else, has another text and is rendered afresh. Trees are never modified.
@@ -266,7 +267,6 @@ def _tree_of(text: str, state: KernelState) -> sysfs.Tree:
 
 def _remember(text: str, tree: sysfs.Tree) -> None:
     if not sysfs.caching_enabled():
-        _TREES.clear()
         return
     _TREES.pop(text, None)
     _TREES[text] = tree
@@ -309,13 +309,14 @@ def load_modules(root: Path, st: KernelState, name: str) -> list[str]:
     """Load ``name`` and its dependencies into ``st``; see :meth:`EmulatedKernel.load_module`."""
     order: list[modules.ModuleFile] = []
     visiting: set[str] = set()
+    index = modules.read_modules_dep(root, st.kernel_release)
 
     def visit(mod_name: str) -> None:
         mod_name = mod_name.replace("-", "_")
         if st.module(mod_name) is not None or any(m.name == mod_name for m in order) or mod_name in visiting:
             return
         visiting.add(mod_name)
-        mod = modules.read_module(root, st.kernel_release, mod_name)
+        mod = modules.read_module(root, st.kernel_release, mod_name, index)
         for dep in mod.depends:
             visit(dep)
         order.append(mod)

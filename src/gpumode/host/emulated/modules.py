@@ -362,11 +362,13 @@ def read_modules_dep(root: Path, release: str) -> dict[str, tuple[str, list[str]
     return out
 
 
-def read_module(root: Path, release: str, name: str) -> ModuleFile:
+def read_module(
+    root: Path, release: str, name: str, index: dict[str, tuple[str, list[str]]] | None = None
+) -> ModuleFile:
     """The ``.ko`` of a known module; raises ``OSError(ENOENT)`` like modprobe when it is not in
-    modules.dep."""
+    modules.dep. ``index``: :func:`read_modules_dep`, when the caller reads many modules."""
     name = name.replace("-", "_")
-    entry = read_modules_dep(root, release).get(name)
+    entry = (read_modules_dep(root, release) if index is None else index).get(name)
     if entry is None:
         raise FileNotFoundError(errno.ENOENT, f"Module {name} not found in directory /lib/modules/{release}")
     path = modules_dir(root, release) / entry[0]
@@ -382,10 +384,11 @@ def read_module(root: Path, release: str, name: str) -> ModuleFile:
 
 def known_modules(root: Path, release: str) -> list[ModuleFile]:
     """Every module listed in ``modules.dep`` whose file parses (what ``modinfo``/``modprobe`` can see)."""
+    index = read_modules_dep(root, release)
     out = []
-    for name in read_modules_dep(root, release):
+    for name in index:
         try:
-            out.append(read_module(root, release, name))
+            out.append(read_module(root, release, name, index))
         except OSError:
             continue
     return out

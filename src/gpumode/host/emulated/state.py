@@ -13,9 +13,8 @@ import contextlib
 import errno
 import fcntl
 import json
-import os
-import functools
 import operator
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -230,10 +229,15 @@ def _driver_from_dict(data: dict[str, Any]) -> Driver:
     return Driver(**body)
 
 
-@functools.cache
+_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
 def _getter(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
-    names = tuple(f.name for f in fields(cls))
-    return names, operator.attrgetter(*names)
+    getter = _GETTERS.get(cls)
+    if getter is None:
+        names = tuple(f.name for f in fields(cls))
+        getter = _GETTERS[cls] = (names, operator.attrgetter(*names))
+    return getter
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -241,7 +245,7 @@ def _fields(obj: Any) -> dict[str, Any]:
     made saving the slowest part of a write. Every class here has at least two fields (attrgetter of
     several names returns a tuple)."""
     names, get = _getter(type(obj))
-    return dict(zip(names, get(obj)))
+    return dict(zip(names, get(obj), strict=True))
 
 
 def _model_dict(model: GpuModelSpec) -> dict[str, Any]:
@@ -362,15 +366,14 @@ def commit(root: Path, text: str) -> None:
     """Save ``text`` as the state while keeping the current one as the files' previous state."""
     directory = marker_dir(root)
     previous = directory / PREVIOUS_FILE
-    if not previous.exists():
-        try:
-            os.link(directory / STATE_FILE, previous)
-        except FileExistsError:
-            pass
-        except OSError:  # a filesystem without hard links: copy, atomically
-            tmp = directory / f".{PREVIOUS_FILE}.{os.getpid()}.tmp"
-            tmp.write_text(read_text(root))
-            os.replace(tmp, previous)
+    try:
+        os.link(directory / STATE_FILE, previous)
+    except FileExistsError:  # an unfinished update: its start is what the files may still show, keep it
+        pass
+    except OSError:  # a filesystem without hard links: copy, atomically
+        tmp = directory / f".{PREVIOUS_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(read_text(root))
+        os.replace(tmp, previous)
     store(root, text)
 
 

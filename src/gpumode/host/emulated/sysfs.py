@@ -10,13 +10,14 @@ from the old one on disk, so a write costs a few file operations, and files not 
 Speed without giving up purity: the files of one PCI function are a function of its :class:`DeviceView`
 (its own fields plus what the rest of the state contributes to them), and :func:`render` memoises each
 device's fragment by that view. A write re-renders only the devices whose view changed plus the small global
-parts (bus, modules, ``proc``, ``dev``); everything else is the very same fragment, which also lets
-:func:`apply` skip unchanged nodes by identity. :func:`set_caching` turns the memo (and the kernel's cache of
-the last tree) off, for benchmarks and for tests that compare against a from-scratch render.
+parts (bus, modules, ``proc``, ``dev``); everything else is the very same fragment object, so :func:`changes`
+only looks at the fragments two trees do not share. :func:`set_caching` turns the memo (and the kernel's cache
+of the last tree) off, for benchmarks and for tests that compare against a from-scratch render.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -26,8 +27,8 @@ from typing import NamedTuple, Protocol
 
 from gpumode.domain import CLASS_VGA, NVIDIA_VENDOR
 from gpumode.host.emulated import configspace, handles, nvidia, pci
-from gpumode.host.emulated.spec import VgpuTypeSpec
 from gpumode.host.emulated.pci import parse_address
+from gpumode.host.emulated.spec import VgpuTypeSpec
 from gpumode.host.emulated.state import Device, KernelState
 
 CPUS_PER_NODE = 32
@@ -35,7 +36,7 @@ NUMA_NODES = 2
 MDEV_DRIVER = "nvidia_vgpu_vfio"  # name of NVIDIA's mdev_driver on new kernels: NOT VERIFIED
 RESOURCE_LINES = 13
 MEM_FLAGS = 0x40200
-MEMO_LIMIT = 50_000  # device fragments kept; past it the memo starts over (tests create many hosts)
+MEMO_LIMIT = 4096  # device fragments kept (~14 KB each); past it the memo starts over (tests make many hosts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ class _Fragment:
         dirs: dict[str, Node] = {}
         items: dict[str, Node] = {}
         for path, node in tree.nodes.items():
-            (dirs if node is DIR or isinstance(node, Dir) else items)[path] = node
+            (dirs if isinstance(node, Dir) else items)[path] = node
         return cls(dirs, items, tree.writable)
 
 
@@ -127,7 +128,7 @@ def relative(target: str, directory: str) -> str:
     filesystem or the working directory (it runs for every link of every render)."""
     t, d = target.split("/"), directory.split("/")
     common = 0
-    for a, b in zip(t, d):
+    for a, b in zip(t, d, strict=False):  # stops at the shorter one
         if a != b:
             break
         common += 1
@@ -147,13 +148,23 @@ def caching_enabled() -> bool:
 
 
 def set_caching(enabled: bool) -> None:
-    """Memoise device fragments (and let the kernel reuse its last tree) or render everything every time.
-
-    Off is the emulation's original behaviour (two full renders per operation): what ``bench/emulated.py
-    --full-render`` measures and what the invariant tests compare with. ``GPUMODE_EMULATED_FULL_RENDER=1``
-    starts a process with it off."""
+    """Memoise device fragments (and let the kernel reuse the tree it rendered last) or render everything
+    every time, as the emulation first did: two full renders per operation. Off is what
+    ``bench/emulated.py`` sets side by side and what the invariant tests compare with;
+    ``GPUMODE_EMULATED_FULL_RENDER=1`` starts a process with it off. What is cached stays (entries are keyed
+    by content, so they cannot go stale) but is neither used nor added to while off."""
     _Caching.enabled = enabled
-    _DEVICE_MEMO.clear()
+
+
+@contextlib.contextmanager
+def caching(enabled: bool) -> Iterator[None]:
+    """:func:`set_caching` for a block, then back to what it was."""
+    before = _Caching.enabled
+    set_caching(enabled)
+    try:
+        yield
+    finally:
+        set_caching(before)
 
 
 _DEVICE_MEMO: dict[DeviceView, _Fragment] = {}
@@ -302,7 +313,8 @@ class DeviceView(NamedTuple):
     bar0_mib: int  # of its GPU model; 1 for other functions
     iommu_group: int | None  # None without an IOMMU too
     consumers: tuple[tuple[str, str], ...]  # (address, path) of each present consumer
-    sriov: tuple[int, int, int, int, int, bool] | None  # PF: total, offset, stride, VF device, numvfs, autoprobe
+    # PF with the capability: total, offset, stride, VF device, numvfs, drivers_autoprobe
+    sriov: tuple[int, int, int, int, int, bool] | None
     virtfns: tuple[tuple[int | None, str], ...]  # (index, path) of the PF's present VFs
     physfn_path: str | None
     vfio_index: int | None
@@ -732,12 +744,12 @@ def apply(root: Path, old: Tree, new: Tree) -> None:
     for path in sorted(gone, key=lambda p: p.count("/"), reverse=True):
         target = f"{base}/{path}"
         if isinstance(old.nodes[path], Dir):
-            try:
+            # gone already, or something outside the kernel's tree lives there: leave it
+            with contextlib.suppress(OSError):
                 os.rmdir(target)
-            except OSError:  # gone already, or something outside the kernel's tree lives there; leave it
-                pass
         else:
             _unlink(target)
+    umask = _umask() if made else 0
     for path in sorted(made, key=lambda p: p.count("/")):
         node = new.nodes[path]
         target = f"{base}/{path}"
@@ -748,33 +760,49 @@ def apply(root: Path, old: Tree, new: Tree) -> None:
                 if not os.path.isdir(target):
                     raise
         elif isinstance(node, Link):
-            _unlink(target)
-            os.symlink(node.target, target)
+            try:
+                os.symlink(node.target, target)
+            except FileExistsError:
+                os.unlink(target)
+                os.symlink(node.target, target)
         else:
             assert isinstance(node, File)
-            _write_file(target, node)
+            _write_file(target, node, umask)
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
+
+
+def _umask() -> int:
+    """The process umask, read without setting it (``os.umask`` would race with other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
         pass
+    return 0o777  # unknown: every mode gets an explicit chmod
 
 
-def _write_file(path: str, node: File) -> None:
-    """A fresh file with exactly ``node.mode`` (whatever the umask); whatever was at ``path`` is replaced,
-    never written through (it could be a symlink)."""
+def _write_file(path: str, node: File, umask: int) -> None:
+    """A fresh file with exactly ``node.mode``; whatever was at ``path`` is replaced, never written through
+    (it could be a symlink). Creating files is what a whole-tree apply spends its time on, so: one open that
+    usually succeeds (the descriptor of a file it creates is writable whatever the mode), no write for the
+    many empty attributes, a chmod only where the umask takes bits away."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, flags, node.mode)
     except FileExistsError:
         os.unlink(path)
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, flags, node.mode)
     try:
         view = memoryview(node.data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchmod(fd, node.mode)
+        if node.mode & umask:
+            os.fchmod(fd, node.mode)
     finally:
         os.close(fd)

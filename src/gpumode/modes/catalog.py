@@ -9,6 +9,7 @@ through a mode switch.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -151,21 +152,28 @@ def _kind(value: Any) -> str:
     return "a list" if isinstance(value, list) else repr(value)
 
 
-def read_yaml(path: str | Path | None, default_resource: str) -> tuple[str, Any]:
-    """Parse a YAML file (or the packaged default when ``path`` is None); returns (source name, data)."""
+def read_text(path: str | Path | None, default_resource: str) -> tuple[str, str]:
+    """The text of a config file (or the packaged default when ``path`` is None); returns (source, text)."""
     if path is None:
         source = f"gpumode/data/{default_resource}"
-        text = resources.files("gpumode").joinpath("data", default_resource).read_text()
-    else:
-        source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from exc
+        return source, resources.files("gpumode").joinpath("data", default_resource).read_text()
     try:
-        return source, yaml.safe_load(text)
+        return str(path), Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from exc
+
+
+def parse_yaml(source: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, "", f"not valid YAML: {exc}") from exc
+
+
+def read_yaml(path: str | Path | None, default_resource: str) -> tuple[str, Any]:
+    """Parse a YAML file (or the packaged default when ``path`` is None); returns (source name, data)."""
+    source, text = read_text(path, default_resource)
+    return source, parse_yaml(source, text)
 
 
 # --- the catalog --------------------------------------------------------------------------------------------
@@ -277,9 +285,16 @@ def _holds(when: Condition, nvswitch: bool) -> bool:
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:
-    """Load and validate a catalog file; ``None`` loads the one shipped with gpumode."""
-    source, data = read_yaml(path, "catalog.yaml")
-    return parse_catalog(data, source)
+    """Load and validate a catalog file; ``None`` loads the one shipped with gpumode.
+
+    The file is read every time (an operator's edit takes effect at the next switch), but parsing and
+    validating it is the expensive part, so a text seen before gives back its (frozen) catalog."""
+    return _parse_catalog_text(*read_text(path, "catalog.yaml"))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_catalog_text(source: str, text: str) -> Catalog:
+    return parse_catalog(parse_yaml(source, text), source)
 
 
 def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:

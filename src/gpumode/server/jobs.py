@@ -182,15 +182,9 @@ def store_vms(session: Session, name: str, vms: list[dict[str, Any]]) -> bool:
     return True
 
 
-_CATALOG: Catalog | None = None
-
-
 def catalog() -> Catalog:
-    """The built-in catalog (GPU models, vGPU types, driver flavours), loaded once per process."""
-    global _CATALOG
-    if _CATALOG is None:
-        _CATALOG = load_catalog(None)
-    return _CATALOG
+    """The built-in catalog (GPU models, vGPU types, driver flavours); ``load_catalog`` caches its parse."""
+    return load_catalog(None)
 
 
 def plan_for_node(

@@ -147,8 +147,10 @@ def _plan(session: Session, state: ServerState, node: Node, body: SwitchIn) -> A
         passthrough_alias=body.passthrough_alias,
         vm_policy=body.vm_policy,
     )
-    request = jobs.to_request(options, state.platform_factory(session))
-    return jobs.plan_for_node(session, node, request, whitelist.load(session))
+    platform = state.platform_factory(session)
+    request = jobs.to_request(options, platform)
+    # with the platform, as the API does: its host steps (OpenStack's nova-compute drop-in) join the plan
+    return jobs.plan_for_node(session, node, request, whitelist.load(session), platform)
 
 
 @router.post(UI + "/nodes/{name}/switch/preview", response_class=HTMLResponse)

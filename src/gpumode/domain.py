@@ -90,6 +90,47 @@ def normalize_address(text: str) -> str:
     return str(PciAddress.parse(text))
 
 
+MAX_BUS = 0xFF
+U16_MAX = 0xFFFF  # offset, stride and VF counts are 16-bit fields of the SR-IOV capability
+
+
+class SriovLayoutError(ValueError):
+    """A PF's VF addresses cannot be worked out (unknown or impossible layout); the message names the PF."""
+
+    def __init__(self, pf: str, reason: str) -> None:
+        super().__init__(f"{pf}: {reason}")
+        self.pf = pf
+        self.reason = reason
+
+
+def vf_addresses(pf: str, offset: int, stride: int, count: int) -> list[str]:
+    """The addresses the kernel gives VFs ``0 … count-1`` of ``pf``, known before they are enabled.
+
+    ``drivers/pci/iov.c`` (``pci_iov_virtfn_bus``/``_devfn``): VF n's routing id (bus << 8 | devfn) is
+    the PF's + ``offset`` + n × ``stride``; the carry out of devfn goes into the bus number, so a VF can sit
+    on a higher bus than its PF. Raises :class:`SriovLayoutError` where the kernel refuses the layout:
+    offset 0 (VF 0 would be the PF), stride 0 with several VFs (``sriov_init``), a VF past bus 0xff
+    (``sriov_enable``).
+    """
+    base = PciAddress.parse(pf)
+    name = str(base)
+    for label, value in (("sriov_offset", offset), ("sriov_stride", stride), ("VF count", count)):
+        if not 0 <= value <= U16_MAX:
+            raise SriovLayoutError(name, f"{label} {value} is not a 16-bit count")
+    if count == 0:
+        return []
+    if offset == 0:
+        raise SriovLayoutError(name, "sriov_offset is 0: VF 0 would be the PF itself")
+    if count > 1 and stride == 0:
+        raise SriovLayoutError(name, f"sriov_stride is 0: its {count} VFs would share one address")
+    first = base.routing_id + offset
+    last = first + (count - 1) * stride
+    if last >> 8 > MAX_BUS:
+        where = f"VF {count - 1} would be on bus {last >> 8:#x}"
+        raise SriovLayoutError(name, f"{where}, past bus 0xff: there is no room for {count} VFs")
+    return [str(PciAddress.from_routing_id(base.domain, first + n * stride)) for n in range(count)]
+
+
 @dataclass(slots=True)
 class MdevType:
     """One entry of a parent's ``mdev_supported_types``."""
@@ -125,6 +166,9 @@ class Sriov:
     total_vfs: int
     num_vfs: int
     vfs: list[str] = field(default_factory=list)
+    # where the VFs go (sriov_offset, sriov_stride); None when unreadable or reported by an older agent
+    offset: int | None = None
+    stride: int | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +204,26 @@ class PciFunction:
     def is_nvidia_gpu(self) -> bool:
         # any programming interface: the class file carries it in its low byte
         return self.vendor == NVIDIA_VENDOR and self.class_code & 0xFFFF00 in GPU_CLASSES and not self.is_vf
+
+    def vf_addresses(self, count: int | None = None) -> list[str]:
+        """The addresses of this PF's first ``count`` VFs (default: all ``sriov_totalvfs``), whether they are
+        enabled or not: what ``virtfn<N>`` will point at. Raises :class:`SriovLayoutError` when the snapshot
+        cannot tell (no SR-IOV, offset/stride unknown) or the layout is impossible."""
+        sriov = self.sriov
+        if sriov is None:
+            raise SriovLayoutError(self.address, "has no SR-IOV capability (no sriov_totalvfs)")
+        if sriov.offset is None or sriov.stride is None:
+            raise SriovLayoutError(
+                self.address,
+                "the snapshot does not give its sriov_offset and sriov_stride (unreadable, or reported by an "
+                "agent older than these fields), so its VF addresses are unknown until the VFs exist",
+            )
+        wanted = sriov.total_vfs if count is None else count
+        if wanted > sriov.total_vfs:
+            raise SriovLayoutError(
+                self.address, f"{wanted} VFs asked for, but sriov_totalvfs is {sriov.total_vfs}"
+            )
+        return vf_addresses(self.address, sriov.offset, sriov.stride, wanted)
 
 
 @dataclass(slots=True)
@@ -249,6 +313,7 @@ class HostSnapshot:
     def compute_fingerprint(self) -> str:
         body = self.to_dict()
         body.pop("fingerprint", None)
+        _drop_unset_additions(body)
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -286,6 +351,21 @@ class HostSnapshot:
             schema=data.get("schema", SNAPSHOT_SCHEMA),
             fingerprint=data.get("fingerprint", ""),
         )
+
+
+# Fields added to v1 after agents shipped without them: an older agent's JSON lacks them, and its fingerprint
+# (of what it sent) must still be the fingerprint of the snapshot the server rebuilds with their defaults.
+_SRIOV_ADDITIONS = ("offset", "stride")
+
+
+def _drop_unset_additions(body: dict[str, Any]) -> None:
+    """Leave additions that hold their default (None) out of the canonical form the fingerprint hashes."""
+    for fn in body["functions"]:
+        sriov = fn.get("sriov")
+        if sriov:
+            for key in _SRIOV_ADDITIONS:
+                if sriov.get(key) is None:
+                    sriov.pop(key, None)
 
 
 # --- plans --------------------------------------------------------------------------------------------------

@@ -152,6 +152,8 @@ def test_vendor_vgpu_on_sriov_vfs(tmp_path: Path) -> None:
     pf_fn = snap.function(pf)
     assert pf_fn is not None and pf_fn.sriov is not None
     assert (pf_fn.sriov.total_vfs, pf_fn.sriov.num_vfs, pf_fn.sriov.vfs) == (32, 12, vfs)
+    assert (pf_fn.sriov.offset, pf_fn.sriov.stride) == (4, 1)
+    assert pf_fn.vf_addresses(12) == vfs  # the addresses worked out from offset and stride are the links'
     assert vfs[4] == "0000:41:01.0"
     vf = snap.function(vfs[0])
     assert vf is not None and vf.is_vf and vf.physfn == pf
@@ -250,6 +252,42 @@ def test_problems_are_reported_never_raised(tmp_path: Path) -> None:
     assert fn is not None and fn.vendor == -1 and fn.numa_node is None
     assert snap.gpus[0].address == "0000:02:00.0"  # unknown vendor is not taken for NVIDIA
     assert snap.nvidia.loaded  # a function bound to nvidia proves it, even without proc/modules
+
+
+def test_bad_sriov_layout_files_are_problems(tmp_path: Path) -> None:
+    """Garbage offset/stride leave them unknown (None) with a problem; a link where offset and stride do not
+    put the VF is a problem; an old kernel without the files is a problem, not a crash."""
+    t = SysTree(tmp_path)
+    t.host()
+    for pf in ("0000:41:00.0", "0000:42:00.0", "0000:43:00.0", "0000:44:00.0"):
+        t.function(pf, NV, L40S, 0x030200, group=int(pf[5:7], 16), driver="nvidia")
+    t.sriov("0000:41:00.0", 4, [])
+    (t.dirs["0000:41:00.0"] / "sriov_offset").write_text("banana\n")
+    (t.dirs["0000:41:00.0"] / "sriov_stride").write_text("70000\n")
+    t.sriov("0000:42:00.0", 4, ["0000:42:00.4", "0000:42:00.6"])  # VF 1 should be at 42:00.5
+    t.sriov("0000:43:00.0", 4, [], offset=None)
+    t.sriov("0000:44:00.0", 4, [], offset=0)
+    t.modules("nvidia")
+    snap = discover(tmp_path)
+    base = "sys/bus/pci/devices"
+    assert sorted(p for p in snap.problems if p.startswith(base)) == [
+        f"{base}/0000:41:00.0/sriov_offset: unreadable value 'banana' (expected a 16-bit count)",
+        f"{base}/0000:41:00.0/sriov_stride: unreadable value '70000' (expected a 16-bit count)",
+        f"{base}/0000:42:00.0/virtfn1: points at 0000:42:00.6, but sriov_offset 4 and sriov_stride 1 put "
+        "VF 1 at 0000:42:00.5",
+        f"{base}/0000:43:00.0/sriov_offset: missing",
+        f"{base}/0000:43:00.0/sriov_stride: missing",
+        f"{base}/0000:44:00.0/sriov_offset: sriov_offset is 0: VF 0 would be the PF itself",
+    ]
+    layouts = {fn.address: (fn.sriov.offset, fn.sriov.stride) for fn in snap.functions if fn.sriov}
+    assert layouts == {
+        "0000:41:00.0": (None, None),
+        "0000:42:00.0": (4, 1),
+        "0000:43:00.0": (None, None),
+        "0000:44:00.0": (0, 1),
+    }
+    assert snap.fingerprint == snap.compute_fingerprint()
+    assert HostSnapshot.from_dict(json.loads(snap.to_json())) == snap
 
 
 def test_empty_root_is_all_problems(tmp_path: Path) -> None:

@@ -90,3 +90,17 @@ def test_hgx_h100(hosts: dict[str, Path]) -> None:
     assert len(snap.functions) >= 150 and len(snap.gpus) == 8 and len(snap.nvswitches) == 4
     assert {g.mode for g in snap.gpus} == {Mode.ACCEL} and snap.driver_state is DriverState.DATACENTER
     assert snap.nvidia.services["nvidia-fabricmanager.service"]
+
+
+@pytest.mark.parametrize("name", ["a16-vdi", "l40s-sriov", "hgx-h100"])
+def test_enabled_vfs_are_where_offset_and_stride_put_them(hosts: dict[str, Path], name: str) -> None:
+    """Every SR-IOV PF's offset and stride are read, and the VFs the kernel made (its virtfn links) are the
+    addresses worked out from them: what the planner relies on for VFs that do not exist yet."""
+    snap = discover(hosts[name])
+    assert snap.problems == []
+    pfs = [fn for fn in snap.functions if fn.sriov is not None]
+    assert pfs, f"{name} has no SR-IOV PF"
+    for fn in pfs:
+        assert fn.sriov is not None and fn.sriov.offset is not None and fn.sriov.stride is not None
+        assert fn.vf_addresses(fn.sriov.num_vfs) == fn.sriov.vfs, fn.address
+    assert any(fn.sriov and fn.sriov.vfs for fn in pfs) or name == "hgx-h100"  # hgx: accel, VFs off

@@ -112,10 +112,15 @@ class SysTree:
         vf_device: int | None = None,
         vf_driver: str | None = None,
         first_group: int | None = None,
+        offset: int | None = 4,  # None: no sriov_offset / sriov_stride files
+        stride: int = 1,
     ) -> None:
         d = self.dirs[pf]
         (d / "sriov_totalvfs").write_text(f"{total}\n")
         (d / "sriov_numvfs").write_text(f"{len(vfs)}\n")
+        if offset is not None:
+            (d / "sriov_offset").write_text(f"{offset}\n")
+            (d / "sriov_stride").write_text(f"{stride}\n")
         vendor = int((d / "vendor").read_text(), 16)
         device = vf_device if vf_device is not None else int((d / "device").read_text(), 16)
         class_code = int((d / "class").read_text(), 16)

@@ -37,9 +37,12 @@ CATALOG = load_catalog()
 WHITELIST = load_whitelist()
 
 
+VF_OFFSET = 4  # NVIDIA's SR-IOV GPUs: VF n is PF + 4 + n (stride 1)
+
+
 def vf_address(pf: str, index: int) -> str:
     a = PciAddress.parse(pf)
-    return str(PciAddress.from_routing_id(a.domain, a.routing_id + 4 + index))
+    return str(PciAddress.from_routing_id(a.domain, a.routing_id + VF_OFFSET + index))
 
 
 @dataclass
@@ -89,7 +92,8 @@ class HostBuilder:
             driver_override="vfio-pci" if mode is Mode.PASSTHROUGH else None,
         )
         if total_vfs:
-            pf.sriov = Sriov(total_vfs, num_vfs, [vf_address(address, i) for i in range(num_vfs)])
+            vfs_now = [vf_address(address, i) for i in range(num_vfs)]
+            pf.sriov = Sriov(total_vfs, num_vfs, vfs_now, offset=VF_OFFSET, stride=1)
         pf.mdevs = [Mdev(u, f"nvidia-{t}", address) for u, t in pf_mdevs]
         pf.mdev_types = [MdevType(f"nvidia-{i}", n, "", avail, "vfio-pci") for i, n, avail in pf_mdev_types]
         self.functions.append(pf)

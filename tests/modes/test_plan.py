@@ -21,7 +21,10 @@ from plan_builders import (
     vm,
 )
 
-from gpumode.domain import Mode, VmPolicy
+from gpumode.cloud.openstack.delivery import predict
+from gpumode.cloud.openstack.http import OpenStackError
+from gpumode.cloud.openstack.novaconf import render_dropin
+from gpumode.domain import HostSnapshot, Mode, VmPolicy
 from gpumode.modes.plan import host_steps
 from gpumode.modes.policy import RequestError
 
@@ -178,6 +181,60 @@ def test_accel_to_vgpu_tears_down_datacenter_and_carves_vfs() -> None:
     assert p.impact.modules_unloaded == ["nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia"]
     assert p.impact.modules_loaded == ["nvidia", "nvidia_vgpu_vfio"]
     assert p.impact.driver_change and not p.impact.reboot_required
+
+
+def a16_accel(*, layout_known: bool = True) -> HostSnapshot:
+    """An A16 GPU on the data-center driver, VFs off (they exist only once the vGPU manager enables them)."""
+    snap = HostBuilder("a16").gpu(G2, A16, mode=Mode.ACCEL, total_vfs=16).datacenter().build()
+    pf = snap.function(G2)
+    assert pf is not None and pf.sriov is not None and pf.sriov.vfs == []
+    if not layout_known:  # as an agent older than sriov_offset/sriov_stride in the snapshot reports it
+        pf.sriov.offset = pf.sriov.stride = None
+    return snap
+
+
+def test_accel_to_vgpu_on_an_a16_names_the_vfs_before_they_exist() -> None:
+    """Ampere vGPUs are mdevs on VFs that ``sriov.enable`` makes: the plan (and nova's drop-in, predicted from
+    it) names them by where the kernel will put them."""
+    snap = a16_accel()
+    p = plan(snap, request(Mode.VGPU, vgpu_type="NVIDIA A16-4Q", vgpu_count=2))
+    assert actions(p)[-5:] == [
+        "sriov.enable",
+        "service.start",
+        "service.start",
+        "vgpu.create",
+        "vgpu.create",
+    ]
+    assert steps_of(p, "sriov.enable")[0].params["num_vfs"] == 16
+    vf0, vf1 = vf_address(G2, 0), vf_address(G2, 1)
+    assert (vf0, vf1) == ("0000:3a:00.4", "0000:3a:00.5")
+    creates = steps_of(p, "vgpu.create")
+    assert [(s.params["vf_index"], s.params["type_id"]) for s in creates] == [
+        (0, "nvidia-684"),
+        (1, "nvidia-684"),
+    ]
+    assert [s.description for s in creates] == [
+        f"create a NVIDIA A16-4Q vGPU on VF 0 ({vf0}) of {G2}",
+        f"create a NVIDIA A16-4Q vGPU on VF 1 ({vf1}) of {G2}",
+    ]
+    after = predict(p, snap)
+    gpu = after.gpu(G2)
+    assert gpu is not None and gpu.vfs == [vf_address(G2, n) for n in range(16)]
+    assert render_dropin(after) == (
+        "# Written by gpumode for the GPUs' current modes; edits are overwritten at the next switch.\n\n"
+        "[devices]\nenabled_mdev_types = nvidia-684\n\n"
+        f"[mdev_nvidia-684]\ndevice_addresses = {vf0},{vf1}\n"
+    )
+
+
+def test_accel_to_vgpu_on_an_a16_from_an_older_agent_plans_but_cannot_configure_nova() -> None:
+    """Without offset and stride the host still finds ``virtfn<N>`` when the step runs, but nova's drop-in
+    cannot be written beforehand: refused with the reason, not a wrong file."""
+    snap = a16_accel(layout_known=False)
+    p = plan(snap, request(Mode.VGPU, vgpu_type="NVIDIA A16-4Q", vgpu_count=2))
+    assert steps_of(p, "vgpu.create")[0].description == f"create a NVIDIA A16-4Q vGPU on VF 0 of {G2}"
+    with pytest.raises(OpenStackError, match=rf"GPU {G2}: .*does not give its sriov_offset and sriov_stride"):
+        predict(p, snap)
 
 
 def test_vgpu_to_accel_reclaims_vgpus_held_by_vms_first() -> None:

@@ -18,6 +18,7 @@ import re
 from gpumode.domain import (
     CLASS_NVSWITCH,
     NVIDIA_VENDOR,
+    U16_MAX,
     Flavour,
     Gpu,
     HostSnapshot,
@@ -27,7 +28,9 @@ from gpumode.domain import (
     PciAddressError,
     PciFunction,
     Sriov,
+    SriovLayoutError,
     VendorVgpu,
+    vf_addresses,
 )
 from gpumode.host.drivers import driver_flavour, gpu_mode, host_driver_state, read_driver_facts
 from gpumode.host.pciids import PciIds
@@ -257,7 +260,7 @@ def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
         path = f"{dev}/physfn"
         fn.physfn = scan.address(path, scan.link_name(path))
     if "sriov_totalvfs" in present:
-        fn.sriov = _read_sriov(scan, dev, entries)
+        fn.sriov = _read_sriov(scan, dev, address, entries)
     if "mdev_supported_types" in present:
         fn.mdev_types = _read_mdev_types(scan, f"{dev}/mdev_supported_types")
     for entry in entries:
@@ -286,11 +289,14 @@ def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
     return fn
 
 
-def _read_sriov(scan: _Scan, dev: str, entries: list[str]) -> Sriov:
+def _read_sriov(scan: _Scan, dev: str, address: str, entries: list[str]) -> Sriov:
     total_path, num_path = f"{dev}/sriov_totalvfs", f"{dev}/sriov_numvfs"
+    present = set(entries)
     sriov = Sriov(
         total_vfs=scan.number(total_path, scan.read(total_path), 10, 0),
         num_vfs=scan.number(num_path, scan.read(num_path), 10, 0),
+        offset=_read_u16(scan, dev, "sriov_offset", present),
+        stride=_read_u16(scan, dev, "sriov_stride", present),
     )
     numbered: list[tuple[int, str]] = []
     for entry in entries:
@@ -300,10 +306,52 @@ def _read_sriov(scan: _Scan, dev: str, entries: list[str]) -> Sriov:
             vf = scan.address(path, scan.link_name(path))
             if vf is not None:
                 numbered.append((int(match.group(1)), vf))
-    sriov.vfs = [vf for _, vf in sorted(numbered)]
+    numbered.sort()
+    sriov.vfs = [vf for _, vf in numbered]
     if len(sriov.vfs) != sriov.num_vfs:
         scan.problem(num_path, f"says {sriov.num_vfs} VFs but {len(sriov.vfs)} virtfn links exist")
+    if sriov.offset is not None and sriov.stride is not None:
+        _check_vf_layout(scan, dev, address, (sriov.offset, sriov.stride, sriov.total_vfs), numbered)
     return sriov
+
+
+def _read_u16(scan: _Scan, dev: str, name: str, present: set[str]) -> int | None:
+    """A decimal 16-bit SR-IOV field (``%u``); ``None`` and a problem when missing, unreadable or garbage."""
+    path = f"{dev}/{name}"
+    if name not in present:
+        scan.problem(path, "missing")
+        return None
+    text = scan.read(path)
+    if text is None:
+        return None  # unreadable: the problem is listed
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= U16_MAX:
+        scan.problem(path, f"unreadable value {text[:40]!r} (expected a 16-bit count)")
+        return None
+    return value
+
+
+def _check_vf_layout(
+    scan: _Scan, dev: str, address: str, layout: tuple[int, int, int], numbered: list[tuple[int, str]]
+) -> None:
+    """The VFs must be where offset and stride say: the planner names VFs by those before they exist."""
+    offset, stride, total = layout
+    try:
+        expected = vf_addresses(address, offset, stride, total)
+    except SriovLayoutError as exc:
+        scan.problem(f"{dev}/sriov_offset", exc.reason)
+        return
+    for index, vf in numbered:
+        where = expected[index] if index < len(expected) else None
+        if vf != where:
+            scan.problem(
+                f"{dev}/virtfn{index}",
+                f"points at {vf}, but sriov_offset {offset} and sriov_stride {stride} put VF {index} at "
+                f"{where or 'no address (past sriov_totalvfs)'}",
+            )
 
 
 def _read_mdev_types(scan: _Scan, base: str) -> list[MdevType]:

@@ -19,7 +19,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumode.domain import Flavour, Gpu, HostSnapshot, Impact, Mode, Plan, Step, SwitchRequest, VmPolicy
+from gpumode.domain import (
+    Flavour,
+    Gpu,
+    HostSnapshot,
+    Impact,
+    Mode,
+    Plan,
+    SriovLayoutError,
+    Step,
+    SwitchRequest,
+    VmPolicy,
+)
 from gpumode.host.vms import Vm, VmDevice
 from gpumode.modes.catalog import Catalog, FlavourSpec
 from gpumode.modes.policy import RequestError, Resolved, VgpuChoice, Whitelist, resolve_request
@@ -535,6 +546,7 @@ class _Planner:
                 continue
             a = w.gpu.address
             t = choice.type
+            vfs = self._vf_addresses(a, choice.count) if choice.offer.parent == "vf" else []
             for index in range(choice.count):
                 vf_index = index if choice.offer.parent == "vf" else None
                 if choice.offer.interface == "mdev":
@@ -548,9 +560,25 @@ class _Planner:
                     }
                 else:
                     params = {"interface": "vendor", "vf_index": vf_index, "type": t.id, "name": t.name}
-                where = f"VF {vf_index} of {a}" if vf_index is not None else a
+                where = a
+                if vf_index is not None:
+                    known = f" ({vfs[vf_index]})" if vf_index < len(vfs) else ""
+                    where = f"VF {vf_index}{known} of {a}"
                 drafts.append(_Draft("vgpu.create", a, params, f"create a {t.name} vGPU on {where}"))
         return drafts
+
+    def _vf_addresses(self, pf_address: str, count: int) -> list[str]:
+        """The GPU's first ``count`` VFs for the descriptions: those that exist, else where offset and stride
+        put them; ``[]`` when the snapshot cannot tell (the step finds ``virtfn<vf_index>`` when it runs)."""
+        pf = self.snap.function(pf_address)
+        if pf is None or pf.sriov is None:
+            return []
+        if len(pf.sriov.vfs) >= count:
+            return pf.sriov.vfs[:count]
+        try:
+            return pf.vf_addresses(count)
+        except SriovLayoutError:
+            return []
 
     # --- phase 13: cloud ------------------------------------------------------------------------------------
 

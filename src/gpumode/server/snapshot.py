@@ -86,6 +86,8 @@ class SriovIn(_Strict):
     total_vfs: Count
     num_vfs: Count
     vfs: Annotated[list[Address], Field(max_length=4096)] = []
+    offset: U16 | None = None  # absent from older agents' snapshots
+    stride: U16 | None = None
 
 
 class PciFunctionIn(_Strict):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +21,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
 from gpumode.cloud import embedded
 
@@ -67,6 +69,38 @@ class Node(Base):
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when the snapshot last changed
     # The VMs the agent last reported (``gpumode.host.vms.Vm`` as JSON); the server plans switches with them.
     vms: Mapped[list[dict[str, Any]] | None] = mapped_column(Json, nullable=True)
+    # :func:`vms_digest` of ``vms``, kept with them: a report compares its VMs with the stored ones in the
+    # same indexed read as the fingerprint, so a server process sees VMs another process stored (0004).
+    vms_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    @validates("vms")
+    def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        self.vms_digest = vms_digest(vms)
+        return vms
+
+
+def vms_digest(vms: list[dict[str, Any]] | None) -> str | None:
+    """SHA-256 of the VMs' canonical JSON (``None``: no VMs reported). Migration 0004 holds a copy: change
+    neither without the other."""
+    if vms is None:
+        return None
+    return hashlib.sha256(json.dumps(vms, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class NodeGpu(Base):
+    """One GPU of a node as its stored snapshot shows it: the snapshot's ``gpus`` as rows, so the fleet can
+    be filtered and counted by model and mode in SQL — every GPU, also one in mode ``none`` that offers no
+    card. Rewritten with each changed snapshot, in its transaction (:mod:`gpumode.server.gpu_index`)."""
+
+    __tablename__ = "node_gpus"
+    __table_args__ = (Index("ix_node_gpus_model_node_id", "model", "node_id"),)
+
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
+    address: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(9))  # vendor:device, "10de:2330"
+    name: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(16), index=True)
+    driver: Mapped[str | None] = mapped_column(String(512))
 
 
 class ApiToken(Base):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.cloud.embedded import EmbeddedPlatform
+from gpumode.server import db
 from gpumode.server.metrics import Metrics
 from gpumode.server.settings import Settings
 
@@ -38,8 +39,22 @@ class ServerState:
     # liveness is a property of this process's view anyway (a restarted server waits for the next report).
     last_seen: dict[str, datetime] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Per node: the digest of the last report body this process validated, and its fingerprint.
-    known_bodies: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Per node: the digest of the last report body this process validated, its fingerprint and its VMs'
+    # digest (None: no VMs in it). Facts of the body only, so they never go stale; compared with the database.
+    known_bodies: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
+    # The engine for the report's one read, outside a transaction: no BEGIN and ROLLBACK round trips.
+    reader: Engine = field(init=False)
+    # SQLite file: the report's read runs on the event loop with this engine (``db.make_inline_reader``).
+    inline_reader: Engine | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.inline_reader = db.make_inline_reader(self.engine)
+
+    def close(self) -> None:
+        """Release what this state opened itself (the engine belongs to whoever made it)."""
+        if self.inline_reader is not None:
+            self.inline_reader.dispose()
 
     def seen(self, node: str, when: datetime) -> None:
         with self.lock:

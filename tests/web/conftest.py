@@ -1,3 +1,3 @@
-from .support import dash, seed
+from .support import dash, empty, seed
 
-__all__ = ["dash", "seed"]
+__all__ = ["dash", "empty", "seed"]

@@ -12,6 +12,7 @@ agents run a real switch); CI still runs it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,4 +164,33 @@ def test_viewer_has_no_switch_button_and_is_refused(browser: Browser, stack: Dem
     )
     assert answer.status == 403
     assert len(_api(stack, "GET", "/jobs").json()) == before
+    context.close()
+
+
+def test_operator_rolls_a_group_out_and_watches_it_live(browser: Browser, stack: DemoStack) -> None:
+    """Preview then confirm a rollout over a one-host group, and watch its page follow the job to the end."""
+    assert _api(stack, "PUT", "/groups/vdi", json={"nodes": [L40S]}).status_code == 200
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    _sign_in(page, stack, stack.admin_token)
+    page.goto(f"{stack.url}/ui/?group=vdi")
+    page.click("#rollout-group")
+    page.check("input[name=mode][value=accel]")
+    page.select_option("select[name=vm_policy]", "all")
+    page.click("#preview")
+    expect(page.locator(f'#member-plans tr[data-node="{L40S}"]')).to_be_visible()
+    _shot(page, "rollout-preview")
+
+    page.click("#confirm")
+    expect(page.locator("#members")).to_contain_text(L40S)
+    page.evaluate("window.__sameDocument = true")
+    expect(page.locator("#rollout-state")).to_have_text("succeeded", timeout=JOB_TIMEOUT_MS)
+    assert page.evaluate("window.__sameDocument === true"), "the rollout page reloaded instead of updating"
+    member = page.locator(f'tr[data-node="{L40S}"]')
+    expect(member.locator(".member-state")).to_have_text("succeeded")
+    expect(member.locator(".member-job a")).to_have_attribute("href", re.compile(r"^/ui/jobs/\d+$"))
+    _shot(page, "rollout")
+    page.goto(f"{stack.url}/ui/rollouts")
+    expect(page.locator("#rollouts tbody tr")).to_have_count(1)
+    _shot(page, "rollouts")
     context.close()

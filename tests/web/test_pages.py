@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from gpumode.server.web import queries
+from gpumode.server.web import rollouts as web_rollouts
 from gpumode.server.web.admin import whitelist_from_form
 
 from .support import HGX, L40S, Dash
@@ -31,17 +34,23 @@ def test_fleet_shows_every_host_with_modes_totals_and_cards(dash: Dash) -> None:
 
 
 def test_fleet_pages_and_filters_in_sql(dash: Dash) -> None:
-    with dash.client.app.state.gpumode.sessions() as session:  # type: ignore[attr-defined]
-        first = queries.fleet_page(session, queries.FleetFilter(), {}, page_size=1)
-        second = queries.fleet_page(session, queries.FleetFilter(page=2), {}, page_size=1)
-        h100 = queries.fleet_page(session, queries.FleetFilter(model="10de:2330"), {})
+    state = dash.client.app.state.gpumode  # type: ignore[attr-defined]
+    with state.sessions() as session:
+        platform = state.platform_factory(session)
+        first = queries.fleet_page(session, platform, queries.FleetFilter(), {}, page_size=1)
+        second = queries.fleet_page(session, platform, queries.FleetFilter(page=2), {}, page_size=1)
+        h100 = queries.fleet_page(session, platform, queries.FleetFilter(model="10de:2330"), {})
     assert (first.matching, first.pages, [r.name for r in first.rows]) == (2, 2, [HGX])
     assert [r.name for r in second.rows] == [L40S]
     assert [r.name for r in h100.rows] == [HGX]
-    cards = dash.api("GET", "/cards").json()  # type: ignore[attr-defined]
-    assert first.gpus_total == len({(c["node"], c["gpu"]) for c in cards})  # GPUs that offer cards
+    nodes = [dash.api("GET", f"/nodes/{n}").json() for n in (HGX, L40S)]  # type: ignore[attr-defined]
+    assert first.gpus_total == sum(len(n["gpus"]) for n in nodes) == 12
+    assert first.gpus_by_mode == {"accel": 8, "vgpu": 4, "passthrough": 0, "none": 0}
     assert first.hosts_by_mode["accel"] == first.hosts_by_mode["vgpu"] == 1
-    assert first.models == ["10de:2330", "10de:26b9"]
+    assert [m for m, _ in first.models] == ["10de:2330", "10de:26b9"]
+    cards = dash.api("GET", "/cards").json()  # type: ignore[attr-defined]
+    assert first.cards_by_status["free"] == len(cards)
+    assert sum(first.rows[0].cards.values()) == len([c for c in cards if c["node"] == HGX])
 
 
 def test_host_page_shows_gpus_topology_cards_vms_and_driver(dash: Dash) -> None:
@@ -195,3 +204,183 @@ def test_events_are_searchable_and_the_audit_log_is_for_admins(dash: Dash) -> No
     dash.sign_in(dash.admin)
     audit = dash.client.get("/ui/audit", params={"q": "tokens"}).text
     assert "POST /api/v1/tokens" in audit and "agents/join" not in audit
+
+
+def test_a_gpu_that_offers_no_card_is_found_by_model_and_counted(dash: Dash) -> None:
+    """A T4 host in mode ``none`` offers no card: the model filter and the GPU totals still see it."""
+    t4 = dash.join_fixture("t4-mdev")
+    assert not [c for c in dash.api("GET", "/cards").json() if c["node"] == t4]  # type: ignore[attr-defined]
+    dash.sign_in(dash.token("viewer", "vic"))
+    html = dash.client.get("/ui/", params={"model": "10de:1eb8"}).text
+    assert f'tr data-host="{t4}"' in html and HGX not in html.split('id="fleet"')[1]
+    assert '<option value="10de:1eb8" >10de:1eb8 · ' in html.replace("selected", "")
+    totals = html.split('id="gpu-totals"')[1].split("</div></div>")[0]
+    assert '<div class="num">16</div>' in totals and 'data-mode="none">none 4<' in totals
+
+
+def _group(dash: Dash, name: str, nodes: list[str]) -> None:
+    r = dash.api("PUT", f"/groups/{name}", json={"nodes": nodes})
+    assert r.status_code == 200, r.text  # type: ignore[attr-defined]
+
+
+def _rollouts(dash: Dash) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = dash.api("GET", "/rollouts").json()  # type: ignore[attr-defined]
+    return found
+
+
+ROLLOUT = {
+    "group": "gpu-a", "mode": "passthrough", "vm_policy": "all", "concurrency": "1", "max_failures": "0"
+}  # fmt: skip
+
+
+def _dry_run(dash: Dash, status: int = 200) -> dict[str, object]:
+    r = dash.api("POST", "/groups/gpu-a/switch", params={"dry_run": "true"},
+                 json={"mode": "passthrough", "vm_policy": "all"})  # type: ignore[attr-defined]  # fmt: skip
+    assert r.status_code == status, r.text  # type: ignore[attr-defined]
+    found: dict[str, object] = r.json()  # type: ignore[attr-defined]
+    return found
+
+
+def _rows(html: str) -> dict[str, str]:
+    """The preview's member rows by host."""
+    return dict(re.findall(r'<tr data-node="([^"]+)"[^>]*>(.*?)</tr>', html, re.S))
+
+
+def _matches_api(html: str, plans: dict[str, dict[str, list[object]]]) -> None:
+    for name, row in _rows(html).items():
+        assert f'<td class="num">{len(plans[name]["steps"])}</td>' in row, name
+
+
+def test_rollout_preview_shows_each_hosts_plan_then_confirm_starts_it(dash: Dash) -> None:
+    _group(dash, "gpu-a", [HGX, L40S])
+    dash.sign_in(dash.token("operator", "olga"))
+    form = dash.client.get("/ui/rollouts/new", params={"group": "gpu-a"})
+    assert form.status_code == 200 and '<option value="gpu-a" selected>gpu-a (2 hosts)' in form.text
+    csrf = dash.csrf("/ui/rollouts")
+    preview = dash.client.post("/ui/rollouts/preview", data={"csrf": csrf, **ROLLOUT})
+    assert preview.status_code == 200, preview.text
+    dry = _dry_run(dash)
+    assert set(_rows(preview.text)) == set(dry["plans"]) == {HGX, L40S}  # type: ignore[call-overload]
+    _matches_api(preview.text, dry["plans"])  # type: ignore[arg-type]
+    figures = preview.text.split('id="group-figures"')[1].split("</section>")[0]
+    assert '<div class="num">2</div><div class="lbl">hosts</div>' in figures  # from SQL, not the plans
+    assert 'data-gpu-mode="accel">accel 8<' in figures and 'data-gpu-mode="vgpu">vgpu 4<' in figures
+    assert 'id="preview-pager"' not in preview.text and 'id="confirm" disabled' not in preview.text
+    assert _rollouts(dash) == [] and _jobs(dash) == []  # a preview stores nothing
+
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **ROLLOUT}, follow_redirects=False)
+    assert r.status_code == 303
+    rollout = _rollouts(dash)[0]
+    assert r.headers["location"] == f"/ui/rollouts/{rollout['id']}"
+    assert rollout["created_by"] == "olga" and rollout["concurrency"] == 1
+    first = _jobs(dash)
+    assert [j["node"] for j in first] == [HGX] and first[0]["rollout"] == rollout["id"]  # one at a time
+    page = dash.client.get(r.headers["location"]).text
+    assert f'<a href="/ui/jobs/{first[0]["id"]}">job {first[0]["id"]}</a>' in page
+    assert "rollout.js" in page and 'data-active="yes"' in page
+    listing = dash.client.get("/ui/rollouts").text
+    assert f'<tr data-rollout="{rollout["id"]}">' in listing and 'id="new-rollout"' in listing
+
+
+def test_rollout_page_follows_the_jobs_live_until_the_rollout_ends(dash: Dash) -> None:
+    _group(dash, "gpu-a", [HGX])
+    dash.sign_in(dash.admin)
+    csrf = dash.csrf("/ui/rollouts")
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **ROLLOUT}, follow_redirects=False)
+    rollout_id = r.headers["location"].rsplit("/", 1)[1]
+    job_id = _jobs(dash)[0]["id"]
+    dash.client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})  # the job ends: the rollout fails
+    with dash.client.stream("GET", f"/ui/rollouts/{rollout_id}/stream") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        body = "".join(stream.iter_text())
+    view = json.loads(body.split("data: ", 1)[1].split("\n", 1)[0])
+    assert view["state"] == "failed" and view["active"] is False and view["failures"] == 1
+    assert [(n["node"], n["job"], n["state"]) for n in view["nodes"]] == [(HGX, job_id, "cancelled")]
+    assert view["counts"] == {"succeeded": 0, "active": 0, "pending": 0, "failed": 1}
+    api = dash.api("GET", f"/rollouts/{rollout_id}").json()  # type: ignore[attr-defined]
+    assert (view["nodes"], view["failures"]) == (api["nodes"], api["failures"])  # the page reads as the API
+    assert "event: end" in body
+    page = dash.client.get(f"/ui/rollouts/{rollout_id}").text
+    assert 'data-active="no"' in page and 'data-count="failed">1<' in page
+    assert dash.client.get("/ui/rollouts/999").status_code == 404
+
+
+def test_rollout_preview_plans_one_page_at_a_time(dash: Dash, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web_rollouts, "PREVIEW_PAGE", 1)  # two members, two pages
+    _group(dash, "gpu-a", [HGX, L40S])
+    dash.sign_in(dash.token("operator", "olga"))
+    csrf = dash.csrf("/ui/rollouts")
+    plans = _dry_run(dash)["plans"]
+    seen = []
+    for page_no in ("1", "2", "99", "0", "x"):  # past the end: the last page; nonsense: the first
+        r = dash.client.post("/ui/rollouts/preview", data={"csrf": csrf, **ROLLOUT, "page": page_no})
+        assert r.status_code == 200, r.text
+        shown = min(int(page_no), 2) if page_no.isdigit() and page_no != "0" else 1
+        assert f"page {shown} of 2" in r.text
+        assert '<div class="num">2</div><div class="lbl">hosts</div>' in r.text  # the whole group's figure
+        _matches_api(r.text, plans)  # type: ignore[arg-type]
+        seen.append(list(_rows(r.text)))
+    assert seen == [[HGX], [L40S], [L40S], [HGX], [HGX]]
+    first = dash.client.post("/ui/rollouts/preview", data={"csrf": csrf, **ROLLOUT}).text
+    pager = first.split('id="preview-pager"')[1].split("</nav>")[0]
+    assert 'name="page" value="2"' in pager and 'id="next-page"' in pager and 'id="prev-page"' not in pager
+    assert f'name="csrf" value="{csrf}"' in pager and 'name="mode" value="passthrough"' in pager
+    assert _rollouts(dash) == [] and _jobs(dash) == []
+
+
+def test_a_refused_rollout_names_the_hosts_and_stores_nothing(dash: Dash) -> None:
+    _group(dash, "gpu-a", [HGX, L40S])
+    dash.sign_in(dash.token("operator", "olga"))
+    csrf = dash.csrf("/ui/rollouts")
+    bad = {**ROLLOUT, "mode": "vgpu", "vgpu_type": "NVIDIA H100XM-20C"}  # an H100 type: no L40S offers it
+    r = dash.client.post("/ui/rollouts/preview", data={"csrf": csrf, **bad})
+    assert r.status_code == 422 and f'<tr data-node="{L40S}" class="refused">' in r.text
+    assert "may not be switched: " in _rows(r.text)[L40S] and 'id="confirm" disabled' in r.text
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **bad})  # confirmed anyway: all members planned
+    assert r.status_code == 422 and "1 of 2 hosts may not be switched" in r.text
+    refused = r.text.split('id="refused"')[1].split("</ul>")[0]
+    assert f">{L40S}</a>: " in refused and HGX not in refused
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **ROLLOUT, "group": "nope"})
+    assert r.status_code == 422 and "no host group named" in r.text
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **ROLLOUT, "concurrency": "0"})
+    assert r.status_code == 422 and "concurrency" in r.text
+    assert _rollouts(dash) == [] and _jobs(dash) == []
+
+
+def test_rollout_preview_names_whitelist_refusals_beyond_its_page(
+    dash: Dash, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(web_rollouts, "PREVIEW_PAGE", 1)  # the page shows the H100 host only
+    _group(dash, "gpu-a", [HGX, L40S])
+    rules = {"models": {"10de:26b9": ["accel", "vgpu"]}}  # no passthrough on the L40S
+    assert dash.api("PUT", "/modes", json=rules).status_code == 200  # type: ignore[attr-defined]
+    dash.sign_in(dash.token("operator", "olga"))
+    csrf = dash.csrf("/ui/rollouts")
+    r = dash.client.post("/ui/rollouts/preview", data={"csrf": csrf, **ROLLOUT})
+    assert r.status_code == 422 and list(_rows(r.text)) == [HGX]
+    refused = r.text.split('id="whitelist-refused"')[1].split("</div>")[0]
+    assert f">{L40S}</a>: disabled for GPU model 10de:26b9" in refused and HGX not in refused
+    assert 'id="confirm" disabled' in r.text
+    dry = _dry_run(dash, 422)  # the API refuses the same member
+    assert L40S in str(dry) and "disabled for GPU model 10de:26b9" in str(dry)
+    r = dash.client.post("/ui/rollouts", data={"csrf": csrf, **ROLLOUT})
+    assert r.status_code == 422 and f">{L40S}</a>: " in r.text.split('id="refused"')[1]
+    assert _rollouts(dash) == [] and _jobs(dash) == []
+
+
+def test_viewer_sees_no_rollout_button_and_gets_403_when_posting(dash: Dash) -> None:
+    _group(dash, "gpu-a", [HGX])
+    dash.sign_in(dash.token("viewer", "vic"))
+    listing = dash.client.get("/ui/rollouts")
+    assert listing.status_code == 200 and 'id="new-rollout"' not in listing.text
+    assert 'id="rollout-group"' not in dash.client.get("/ui/", params={"group": "gpu-a"}).text
+    assert dash.client.get("/ui/rollouts/new").status_code == 403
+    csrf = dash.csrf("/ui/rollouts")
+    for path in ("/ui/rollouts/preview", "/ui/rollouts"):
+        r = dash.client.post(path, data={"csrf": csrf, **ROLLOUT})
+        assert r.status_code == 403 and "operator role" in r.text
+    dash.sign_in(dash.token("operator", "olga"))
+    assert dash.client.post("/ui/rollouts", data=ROLLOUT).status_code == 403  # no CSRF token
+    assert _rollouts(dash) == [] and _jobs(dash) == []
+    audit = dash.api("GET", "/audit", params={"actor": "vic"}).json()  # type: ignore[attr-defined]
+    assert [a["status_code"] for a in audit] == [403, 403]

@@ -10,7 +10,7 @@ Same fingerprint as stored → nothing to do, and nothing is written (the caller
    card whose device is gone or is no longer the same device is removed, unless someone holds it — then it is
    marked ``lost`` and an alarm is raised, and it stays until an operator releases it; new devices get new
    cards;
-3. replace the stored snapshot.
+3. replace the stored snapshot, and the node's rows in ``node_gpus`` (:mod:`gpumode.server.gpu_index`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gpumode.cloud.base import (
     cards_for_snapshot,
 )
 from gpumode.domain import HostSnapshot, PciFunction
+from gpumode.server import gpu_index
 from gpumode.server.models import ACTIVE_JOB_STATES, Event, Job, Node
 
 
@@ -121,6 +122,7 @@ def apply_snapshot(
     session.add(node)
     session.add_all(result.events)
     session.flush()
+    gpu_index.store(session, node.id, snapshot, old)  # the dashboard's per-GPU rows, in this transaction
     return node, result
 
 

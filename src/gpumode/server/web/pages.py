@@ -91,7 +91,7 @@ def fleet(
     page_no: Annotated[int, Query(alias="page", ge=1, le=1_000_000)] = 1,
 ) -> HTMLResponse:
     f = queries.FleetFilter(mode=mode or None, model=model or None, group=group or None, page=page_no)
-    fleet_page = queries.fleet_page(session, f, dict(state.last_seen))
+    fleet_page = queries.fleet_page(session, state.platform_factory(session), f, dict(state.last_seen))
     return page(request, web, "fleet.html", nav="fleet", fleet=fleet_page, f=f, modes=queries.MODES)
 
 

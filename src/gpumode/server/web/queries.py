@@ -1,12 +1,12 @@
 """What the dashboard's pages read, written so that no page loads the whole fleet.
 
 The fleet page reads one page of nodes (``LIMIT``/``OFFSET`` on the indexed name) and asks the database
-for every total (``COUNT``/``SUM`` … ``GROUP BY``); only the page's own snapshots are decoded. Events and
-the audit log page by id (keyset), newest first.
+for every total (``COUNT`` … ``GROUP BY``); of the page's snapshots only the few fields the table shows
+are read, extracted by the database. Events and the audit log page by id (keyset), newest first.
 
-A GPU model is filtered through the cards table: each card carries the ``vendor:device`` of its GPU in
-``identity``, so "hosts with an H100" is an indexed-size scan of cards, not a decode of every snapshot. A GPU
-that offers no card (mode ``none``) is therefore not found by the model filter.
+GPUs come from ``node_gpus`` (one row per GPU of each stored snapshot, kept by the sync): the model filter,
+the model list and the GPUs per mode count every GPU, also one in mode ``none`` that offers no card. Cards
+are counted by the cloud platform (:meth:`CloudPlatform.count_cards`), which knows where they are kept.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
-from gpumode.cloud.embedded import CardRecord, as_utc
-from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node
+from gpumode.cloud.embedded import as_utc
+from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node, NodeGpu
 
 PAGE_SIZE = 50
 STALE_AFTER = timedelta(minutes=2)  # agents report at least every few seconds; two minutes silent is stale
@@ -43,7 +43,7 @@ class FleetRow:
     mode: str
     driver_state: str
     gpu_count: int
-    gpus: list[tuple[str, str]]  # (address, mode), in host order
+    gpus: list[tuple[str, str]]  # (address, mode), by address
     models: str
     flavour: str | None
     version: str | None
@@ -61,10 +61,14 @@ class FleetPage:
     page: int
     pages: int
     hosts_by_mode: dict[str, int]
-    gpus_total: int
+    gpus_by_mode: dict[str, int]  # every GPU, by its own mode (a host is "mixed", a GPU never is)
     cards_by_status: dict[str, int]
     groups: list[str]
-    models: list[str]
+    models: list[tuple[str, str]]  # (vendor:device, a name the hosts report for it)
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(self.gpus_by_mode.values())
 
 
 def _conditions(f: FleetFilter) -> list[ColumnElement[bool]]:
@@ -74,14 +78,17 @@ def _conditions(f: FleetFilter) -> list[ColumnElement[bool]]:
     if f.group:
         found.append(HostGroup.name == f.group)
     if f.model:
-        prefix = f"{f.model} "
-        holders = select(CardRecord.node).where(CardRecord.identity.startswith(prefix, autoescape=True))
-        found.append(Node.name.in_(holders))
+        found.append(Node.id.in_(select(NodeGpu.node_id).where(NodeGpu.model == f.model)))
     return found
 
 
 def fleet_page(
-    session: Session, f: FleetFilter, last_seen: dict[str, datetime], *, page_size: int = PAGE_SIZE
+    session: Session,
+    platform: CloudPlatform,
+    f: FleetFilter,
+    last_seen: dict[str, datetime],
+    *,
+    page_size: int = PAGE_SIZE,
 ) -> FleetPage:
     where = _conditions(f)
     joined = select(func.count(Node.id)).select_from(Node).outerjoin(HostGroup, HostGroup.id == Node.group_id)
@@ -90,76 +97,88 @@ def fleet_page(
     page = min(max(1, f.page), pages)
     # Ids first, through the name index; only then the page's rows. Reading whole rows while sorting would
     # drag every snapshot through (they are the bulk of the table).
-    ids = (
-        select(Node.id)
-        .outerjoin(HostGroup, HostGroup.id == Node.group_id)
-        .where(*where)
-        .order_by(Node.name)
-        .limit(page_size)
-        .offset((page - 1) * page_size)
+    ids = list(
+        session.scalars(
+            select(Node.id)
+            .outerjoin(HostGroup, HostGroup.id == Node.group_id)
+            .where(*where)
+            .order_by(Node.name)
+            .limit(page_size)
+            .offset((page - 1) * page_size)
+        )
     )
     # Only the parts of each snapshot the table shows, extracted by the database: a vGPU host's snapshot
     # lists every VF and is many times larger than what the page needs.
     rows = session.execute(
         select(
+            Node.id,
             Node.name,
             HostGroup.name.label("group"),
             Node.mode,
             Node.driver_state,
             Node.gpu_count,
             Node.changed_at,
-            Node.snapshot["gpus"].label("gpus"),
             Node.snapshot[("nvidia", "flavour")].label("flavour"),
             Node.snapshot[("nvidia", "version")].label("version"),
             Node.snapshot["problems"].label("problems"),
         )
         .outerjoin(HostGroup, HostGroup.id == Node.group_id)
-        .where(Node.id.in_(list(session.scalars(ids))))
+        .where(Node.id.in_(ids))
         .order_by(Node.name)
     ).all()
-    names = [row.name for row in rows]
-    cards: dict[str, dict[str, int]] = defaultdict(dict)
-    if names:
-        for node, status, count in session.execute(
-            select(CardRecord.node, CardRecord.status, func.count())
-            .where(CardRecord.node.in_(names))
-            .group_by(CardRecord.node, CardRecord.status)
+    gpus: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
+    if ids:
+        for node_id, address, mode, name in session.execute(
+            select(NodeGpu.node_id, NodeGpu.address, NodeGpu.mode, NodeGpu.name)
+            .where(NodeGpu.node_id.in_(ids))
+            .order_by(NodeGpu.node_id, NodeGpu.address)
         ):
-            cards[node][status] = count
+            gpus[node_id].append((address, mode, name))
+    counts = platform.count_cards([row.name for row in rows])
     by_mode = {m: 0 for m in MODES}
     by_mode.update(dict(session.execute(select(Node.mode, func.count()).group_by(Node.mode)).all()))
-    # GPUs that offer cards, counted in the cards table: summing nodes.gpu_count would read every row
-    # (snapshots included). A GPU in mode "none" offers no card and is not counted here.
-    offered = select(CardRecord.node, CardRecord.gpu).distinct().subquery()
-    gpus_total = session.scalar(select(func.count()).select_from(offered)) or 0
+    gpus_by_mode = {m: 0 for m in MODES if m != "mixed"}
+    gpus_by_mode.update(
+        dict(session.execute(select(NodeGpu.mode, func.count()).group_by(NodeGpu.mode)).all())
+    )
     by_status = {s.value: 0 for s in CardStatus}
-    by_status.update(
-        dict(session.execute(select(CardRecord.status, func.count()).group_by(CardRecord.status)).all())
-    )
-    models = sorted(
-        m for m in session.scalars(select(func.substr(CardRecord.identity, 1, 9)).distinct()) if ":" in m
-    )
+    by_status.update({s.value: n for s, n in counts.total.items()})
+    models = [
+        (model, name)
+        for model, name in session.execute(
+            select(NodeGpu.model, func.min(NodeGpu.name)).group_by(NodeGpu.model).order_by(NodeGpu.model)
+        )
+    ]
     groups = list(session.scalars(select(HostGroup.name).order_by(HostGroup.name)))
     now = datetime.now(UTC)
     return FleetPage(
-        rows=[_row(row, cards.get(row.name, {}), last_seen.get(row.name), now) for row in rows],
+        rows=[
+            _row(
+                row,
+                gpus.get(row.id, []),
+                {s.value: n for s, n in counts.by_node.get(row.name, {}).items()},
+                last_seen.get(row.name),
+                now,
+            )
+            for row in rows
+        ],
         matching=matching,
         page=page,
         pages=pages,
         hosts_by_mode=by_mode,
-        gpus_total=gpus_total,
+        gpus_by_mode=gpus_by_mode,
         cards_by_status=by_status,
         groups=groups,
         models=models,
     )
 
 
-def _row(row: Any, cards: dict[str, int], seen: datetime | None, now: datetime) -> FleetRow:
-    gpu_list: list[dict[str, Any]] = row.gpus or []
-    gpus = [(str(g.get("address")), str(g.get("mode"))) for g in gpu_list]
+def _row(
+    row: Any, gpus: list[tuple[str, str, str]], cards: dict[str, int], seen: datetime | None, now: datetime
+) -> FleetRow:
     names: dict[str, int] = {}
-    for g in gpu_list:
-        names[str(g.get("name"))] = names.get(str(g.get("name")), 0) + 1
+    for _, _, name in gpus:
+        names[name] = names.get(name, 0) + 1
     problems = [str(p) for p in row.problems or []]
     last = as_utc(seen) if seen is not None else as_utc(row.changed_at)
     if cards.get(CardStatus.LOST.value):
@@ -176,7 +195,7 @@ def _row(row: Any, cards: dict[str, int], seen: datetime | None, now: datetime) 
         mode=row.mode,
         driver_state=row.driver_state,
         gpu_count=row.gpu_count,
-        gpus=gpus,
+        gpus=[(address, mode) for address, mode, _ in gpus],
         models=", ".join(f"{n}× {name}" for name, n in sorted(names.items())) or "–",
         flavour=row.flavour,
         version=row.version,

@@ -7,9 +7,7 @@ Everything goes through the same functions as ``POST /api/v1/nodes/{name}/switch
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
@@ -21,21 +19,20 @@ from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot, Mode, VmPolicy
 from gpumode.modes import policy
-from gpumode.server import audit, jobs, rollouts, whitelist
+from gpumode.server import audit, jobs, whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup, Job, Node
 from gpumode.server.routes import work
 from gpumode.server.schemas import SwitchIn
 from gpumode.server.state import ServerState
+from gpumode.server.web import live
 from gpumode.server.web.access import WebUser, read_form, require_role
 from gpumode.server.web.render import duration, page
 from gpumode.server.web.session import WebSession
 
 router = APIRouter(include_in_schema=False)
 UI = "/ui"
-POLL_S = 0.4  # how often the event stream looks at the job: well under a step's duration
-HEARTBEAT_S = 15.0  # keeps proxies from closing a quiet stream
 FIELDS = ("mode", "vgpu_type", "vgpu_count", "profile", "passthrough_alias", "vm_policy")
 
 
@@ -138,15 +135,7 @@ def _validate(values: dict[str, Any]) -> SwitchIn:
 
 
 def _plan(session: Session, state: ServerState, node: Node, body: SwitchIn) -> Any:
-    options = jobs.SwitchOptions(
-        mode=body.mode,
-        gpus=tuple(body.gpus),
-        vgpu_type=body.vgpu_type,
-        vgpu_count=body.vgpu_count,
-        profile=body.profile,
-        passthrough_alias=body.passthrough_alias,
-        vm_policy=body.vm_policy,
-    )
+    options = jobs.SwitchOptions.from_body(body)
     platform = state.platform_factory(session)
     request = jobs.to_request(options, platform)
     # with the platform, as the API does: its host steps (OpenStack's nova-compute drop-in) join the plan
@@ -289,10 +278,11 @@ def job_stream(
 ) -> StreamingResponse:
     """Server-sent events: the job view (and the node's cards) each time they change, until the job ends."""
     _job(session, job_id)  # 404 before the stream starts
-    return StreamingResponse(
-        _events(request, state, job_id),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    return live.stream(
+        request,
+        lambda: _snapshot(state, job_id),
+        over=lambda data: not data["job"]["active"],
+        key=_without_durations,
     )
 
 
@@ -303,31 +293,10 @@ def _snapshot(state: ServerState, job_id: int) -> dict[str, Any]:
 
 
 def _without_durations(data: dict[str, Any]) -> str:
+    """Durations of running steps tick; compare without them so only real changes are sent."""
     job = data["job"]
     steps = [{**s, "duration": None} for s in job["steps"]]
     return json.dumps({**data, "job": {**job, "duration": None, "steps": steps}}, sort_keys=True)
-
-
-async def _events(request: Request, state: ServerState, job_id: int) -> AsyncIterator[str]:
-    last: str | None = None
-    quiet = 0.0
-    while True:
-        data = await run_in_threadpool(_snapshot, state, job_id)
-        # Durations of running steps tick; compare without them so only real changes are sent.
-        key = _without_durations(data)
-        if key != last or not data["job"]["active"]:
-            last, quiet = key, 0.0
-            yield f"data: {json.dumps(data)}\n\n"
-        elif quiet >= HEARTBEAT_S:
-            quiet = 0.0
-            yield ": still here\n\n"
-        if not data["job"]["active"]:
-            yield "event: end\ndata: {}\n\n"
-            return
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(POLL_S)
-        quiet += POLL_S
 
 
 @router.post(UI + "/jobs/{job_id}/cancel")
@@ -349,8 +318,7 @@ def _cancel(request: Request, web: WebSession, state: ServerState, job_id: int) 
         except jobs.JobConflict as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         if not jobs.JobState(job.state).active:
-            session.add(jobs.ended_event(job))
-            rollouts.after_job(session, job)
+            jobs.ended(session, job, state.platform_factory(session))
         audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"now {job.state}")
         node = job.node
     work.notifier(request).notify(node)

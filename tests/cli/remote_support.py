@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,3 +83,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield fleet
     finally:
         server.stop()
+
+
+@pytest.fixture
+def t4_agent(fleet: Fleet, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``gpumode agent`` for the T4 host: it rejoins with the join token and takes the node's jobs."""
+    gpumode = Path(sys.executable).with_name("gpumode")
+    host = fleet.hosts["t4-edge-02"]
+    log = (tmp_path / "agent.log").open("wb")
+    argv = [str(gpumode), "agent", "--server", fleet.url, "--token", fleet.join, "--root", str(host.root),
+            "--check", "0.5", "--no-desired"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()

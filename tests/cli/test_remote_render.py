@@ -1,13 +1,17 @@
-"""The Rich views of jobs and plans: what a terminal shows while a long job runs."""
+"""The Rich views of jobs, rollouts and plans, and the loop that follows them: what a terminal shows while a
+long job runs."""
 
 from __future__ import annotations
 
 import io
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from gpumode.cli import render
+from gpumode.cli.client import RemoteError
+from gpumode.cli.remote_jobs import Followed, follow_until_over
 
 
 def _text(renderable: Any, width: int = 140) -> str:
@@ -77,3 +81,68 @@ def test_ago_and_empty_values() -> None:
     assert render.ago(None) == "-"
     assert render.ago("not a time") == "not a time"
     assert render.styled(None, render.MODE_STYLE).plain == "-"
+
+
+def test_job_progress_says_what_the_cloud_platform_did() -> None:
+    hold = {"node": "n1", "service_id": "s1", "disabled_by_us": True, "reason": "gpumode job 9",
+            "moved": [{"id": "vm-1"}, {"id": "vm-2"}]}  # fmt: skip
+    held = _text(render.job_progress({**_job(["running"]), "cloud": {"hold": hold, "released": False}}))
+    assert "cloud: compute service disabled by gpumode; 2 instance(s) moved off; node held out of" in held
+    ended = {"hold": hold, "released": True, "problems": ["vm-2 did not start again"]}
+    assert render.cloud_text(ended).endswith("node given back; not undone: vm-2 did not start again")
+    waiting = render.cloud_text({"waiting_since": "2025-01-01T00:00:00+00:00"})
+    assert waiting.startswith("waiting for the cloud platform since ")
+    assert render.cloud_text(None) == "" and "cloud:" not in _text(render.job_progress(_job(["done"])))
+
+
+def test_rollout_progress_keeps_the_first_node_not_over_in_view() -> None:
+    nodes = [{"node": f"n{i:02d}", "job": i, "state": "succeeded", "error": None} for i in range(1, 12)]
+    nodes.append({"node": "n12", "job": 12, "state": "running", "error": None})
+    nodes.append({"node": "n13", "job": None, "state": "blocked", "error": "n13 has another active job"})
+    nodes += [{"node": f"n{i:02d}", "job": None, "state": "pending", "error": None} for i in range(14, 21)]
+    rollout = {"id": 3, "group": "edge", "state": "running", "request": {"mode": "accel"}, "concurrency": 1,
+               "max_failures": 1, "failures": 1, "nodes": nodes}  # fmt: skip
+    jobs = {12: {**_job(["done", "running", "pending"]), "id": 12}}
+    text = _text(render.rollout_progress(rollout, jobs, window=6))
+    assert "rollout 3 edge: accel (all GPUs) — running  12/20 nodes, 1 failure(s) of 1 allowed" in text
+    rows = [line.split()[0] for line in text.splitlines() if line.strip().startswith("n")]
+    assert rows == ["n09", "n10", "n11", "n12", "n13", "n14"]  # n12 (the first not over) near the middle
+    assert "… 8 earlier node(s)" in text and "… 6 more node(s)" in text
+    n12 = next(line for line in text.splitlines() if line.strip().startswith("n12"))
+    assert "job 12" in n12 and "1/3" in n12 and "vgpu.create gpu2" in n12
+    assert "n13 has another active job" in text
+
+
+
+def _followed(states: list[str]) -> Followed[dict[str, Any]]:
+    """A job that goes through ``states``, one per poll, told line by line when piped."""
+    seen = iter(states)
+    return Followed(
+        what="job 9",
+        fetch=lambda: {**_job(["done"]), "state": next(seen)},
+        over=lambda job: job["state"] not in render.ACTIVE_JOB_STATES,
+        view=render.job_progress,
+        changes=lambda job: [f"now {job['state']}"],
+    )
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    written = io.StringIO()
+    return Console(file=written, width=120, force_terminal=terminal, color_system=None), written
+
+
+def test_follow_until_over_live_piped_and_quiet() -> None:
+    terminal, shown = _console(True)
+    last = follow_until_over(_followed(["queued", "running", "succeeded"]), terminal, poll_s=0)
+    assert last["state"] == "succeeded"
+    assert "job 9 n1: vgpu L40S-4Q x2 (all GPUs) — succeeded" in shown.getvalue()  # the last live frame
+
+    piped, lines = _console(False)
+    follow_until_over(_followed(["queued", "running", "failed"]), piped, poll_s=0)
+    assert lines.getvalue().splitlines() == ["now queued", "now running", "now failed"]
+
+    quiet, nothing = _console(False)
+    last = follow_until_over(_followed(["running", "cancelled"]), quiet, quiet=True, poll_s=0)
+    assert last["state"] == "cancelled" and nothing.getvalue() == ""
+    with pytest.raises(RemoteError, match="job 9 did not end in time"):
+        follow_until_over(_followed(["running"] * 100), quiet, quiet=True, poll_s=0.01, timeout_s=0)

@@ -4,34 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from gpumode.host.discover import discover
 
-from .remote_support import Fleet, fleet
+from .remote_support import Fleet, fleet, t4_agent
 
-__all__ = ["fleet"]
-
-
-@pytest.fixture
-def t4_agent(fleet: Fleet, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``gpumode agent`` for the T4 host: it rejoins with the join token and takes the node's jobs."""
-    gpumode = Path(sys.executable).with_name("gpumode")
-    host = fleet.hosts["t4-edge-02"]
-    log = (tmp_path / "agent.log").open("wb")
-    argv = [str(gpumode), "agent", "--server", fleet.url, "--token", fleet.join, "--root", str(host.root),
-            "--check", "0.5", "--no-desired"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
+__all__ = ["fleet", "t4_agent"]
 
 
 def test_switch_wait_follows_the_job_to_success(fleet: Fleet, t4_agent: subprocess.Popen[bytes]) -> None:

@@ -299,6 +299,34 @@ def test_rollout_concurrency_and_failure_budget(api: Api) -> None:
     assert api.call("POST", "/groups/nope/switch", api.admin, json=body).status_code == 404
 
 
+def test_cancelling_a_rollout_cancels_its_queued_jobs_and_starts_no_more(api: Api) -> None:
+    tokens = {n: api.join(n) for n in ("c1", "c2", "c3")}
+    assert api.call("PUT", "/groups/fleet", api.admin, json={"nodes": list(tokens)}).status_code == 200
+    body = {**PASSTHROUGH, "concurrency": 2, "max_failures": 0}
+    rollout = api.call("POST", "/groups/fleet/switch", api.admin, json=body).json()
+    running = claim(api, "c1", tokens["c1"])
+    viewer = api.token(Role.VIEWER)
+    assert api.call("POST", f"/rollouts/{rollout['id']}/cancel", viewer).status_code == 403
+
+    r = api.call("POST", f"/rollouts/{rollout['id']}/cancel", api.admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "cancelled"
+    assert [n["state"] for n in r.json()["nodes"]] == ["running", "cancelled", "pending"]
+    queued = api.get(f"/jobs/{r.json()['nodes'][1]['job']}").json()
+    assert "rollout " + str(rollout["id"]) + " cancelled" in queued["error"]
+    assert [e["node"] for e in api.events(kind="job.cancelled")] == ["c2"]
+    assert api.call("POST", f"/rollouts/{rollout['id']}/cancel", api.admin).status_code == 409
+    # the running job finishes as it would; the rollout starts nothing after it
+    assert finish_host(api, "c1", tokens["c1"], running).json()["state"] == "succeeded"
+    end = api.get(f"/rollouts/{rollout['id']}").json()
+    assert end["state"] == "cancelled" and [n["state"] for n in end["nodes"]] == [
+        "succeeded",
+        "cancelled",
+        "pending",
+    ]
+    assert api.call("POST", "/rollouts/999999/cancel", api.admin).status_code == 404
+
+
 def test_metrics_count_jobs_by_state(api: Api) -> None:
     api.join("n1")
     switch(api, "n1", PASSTHROUGH)

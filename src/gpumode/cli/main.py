@@ -44,6 +44,8 @@ _command("switch", "gpumode.cli.remote_jobs", "switch")
 _command("jobs", "gpumode.cli.remote_jobs", "jobs")
 _command("job", "gpumode.cli.remote_jobs", "job")
 _command("cancel", "gpumode.cli.remote_jobs", "cancel")
+_subapp("rollout", "gpumode.cli.rollout")
+_command("rollouts", "gpumode.cli.rollout", "rollouts")
 
 
 def _root() -> None:

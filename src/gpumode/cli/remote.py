@@ -1,17 +1,22 @@
 """Remote verbs: talk to a gpumode server about the whole fleet (``nodes``, ``gpus``, ``cards``, ``modes``,
-``events``, ``token``, and the switch jobs in :mod:`gpumode.cli.remote_jobs`).
+``events``, ``token``; the switch jobs are in :mod:`gpumode.cli.remote_jobs`, rollouts in
+:mod:`gpumode.cli.rollout`).
 
-Every verb takes ``--server``, ``--token`` and ``--config`` (:mod:`gpumode.cli.client` has the precedence),
-prints Rich tables (or ``--json``: the server's JSON, unchanged), and on any refusal prints one line, the
-server's own message, and exits with the code documented in docs/cli.md.
+Every verb takes ``--server``, ``--token`` and ``--config`` (:mod:`gpumode.cli.client` has the precedence;
+:func:`remote_verb` adds them, so no verb can connect differently), prints Rich tables (or ``--json``: the
+server's JSON, unchanged), and on any refusal prints one line, the server's own message, and exits with the
+code documented in docs/cli.md.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +26,12 @@ from rich.console import Console, RenderableType
 from gpumode.cli import render
 from gpumode.cli.client import EXIT_BAD_INPUT, Client, RemoteError, resolve_config
 
-ServerOpt = typer.Option(None, "--server", "-s", help="Server URL [env GPUMODE_SERVER, config `server`].")
-TokenOpt = typer.Option(None, "--token", "-t", help="API token [env GPUMODE_TOKEN, config `token`].")
+ServerOpt = typer.Option(None, "--server", "-s", help="Server URL \\[env GPUMODE_SERVER, config `server`].")
+TokenOpt = typer.Option(None, "--token", "-t", help="API token \\[env GPUMODE_TOKEN, config `token`].")
 ConfigOpt = typer.Option(
     None,
     "--config",
-    help="Client config file [env GPUMODE_CLIENT_CONFIG; default ~/.config/gpumode/client.toml].",
+    help="Client config file \\[env GPUMODE_CLIENT_CONFIG; default ~/.config/gpumode/client.toml].",
 )
 JsonOpt = typer.Option(False, "--json", help="Print the server's JSON instead of a table.")
 NodeOpt = typer.Option(None, "--node", "-n", help="Only this node.")
@@ -48,14 +53,48 @@ def fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-@contextmanager
-def connect(server: str | None, token: str | None, config: Path | None) -> Iterator[Client]:
-    """A client for the resolved server; any :class:`RemoteError` inside becomes one line and an exit code."""
-    try:
-        with Client(resolve_config(server, token, config)) as client:
-            yield client
-    except RemoteError as exc:
-        raise fail(str(exc), exc.exit_code) from None
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """A verb's ``--server``/``--token``/``--config``, resolved (options > environment > file) on connect."""
+
+    server: str | None = None
+    token: str | None = None
+    config: Path | None = None
+
+    @contextmanager
+    def connect(self) -> Iterator[Client]:
+        """A client for the resolved server; any :class:`RemoteError` inside becomes one line and an exit
+        code."""
+        try:
+            with Client(resolve_config(self.server, self.token, self.config)) as client:
+                yield client
+        except RemoteError as exc:
+            raise fail(str(exc), exc.exit_code) from None
+
+
+LOCAL = Remote()  # a verb called without options: server and token from the environment or the config file
+_CONNECTION = [
+    inspect.Parameter("server", inspect.Parameter.KEYWORD_ONLY, default=ServerOpt, annotation=str | None),
+    inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, default=TokenOpt, annotation=str | None),
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=ConfigOpt, annotation=Path | None),
+]
+
+
+def remote_verb(verb: Callable[..., None]) -> Callable[..., None]:
+    """``verb`` as Typer sees it: its own options, then ``--server``, ``--token`` and ``--config``, which it
+    gets as one ``remote: Remote`` argument. Every remote verb thus connects the same way, declared once."""
+    signature = inspect.signature(verb, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "remote"]
+    params = [*own, *_CONNECTION]
+
+    @functools.wraps(verb)
+    def run(*args: Any, server: str | None = None, token: str | None = None, config: Path | None = None,
+            **kwargs: Any) -> None:  # fmt: skip
+        verb(*args, remote=Remote(server, token, config), **kwargs)
+
+    run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return run
 
 
 def show(data: Any, as_json: bool, view: RenderableType | None = None) -> None:
@@ -73,30 +112,28 @@ def check_choice(value: str | None, allowed: tuple[str, ...], option: str) -> No
 # --- inventory ----------------------------------------------------------------------------------------------
 
 
+@remote_verb
 def nodes(
     group: str | None = typer.Option(None, "--group", help="Only nodes of this host group."),
     mode: str | None = typer.Option(None, "--mode", "-m", help="Only nodes in this mode."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """List the nodes: mode, driver state, GPU count, when last seen."""
     check_choice(mode, (*MODES, "none", "mixed"), "--mode")
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.get("/nodes", group=group, mode=mode)
     show(data, as_json, render.nodes_table(data) if data else "no nodes have joined yet")
 
 
+@remote_verb
 def gpus(
     node: str | None = NodeOpt,
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """List the GPUs of every node (or one): model, mode, driver, vGPUs, IOMMU companions."""
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         names = [node] if node else [n["name"] for n in client.get("/nodes")]
         details = [client.get(f"/nodes/{name}") for name in names]
     if as_json:
@@ -108,36 +145,34 @@ def gpus(
     out().print(render.gpus_table(details))
 
 
+@remote_verb
 def cards(
     node: str | None = NodeOpt,
     status: str | None = typer.Option(None, "--status", help="free, in_use, reserved or lost."),
     kind: str | None = typer.Option(None, "--kind", help="accel, vgpu or passthrough."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """List the cloud platform's cards (one per accel GPU, vGPU, or passthrough GPU)."""
     check_choice(status, ("free", "in_use", "reserved", "lost"), "--status")
     check_choice(kind, MODES, "--kind")
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.get("/cards", node=node, status=status, kind=kind)
     show(data, as_json, render.cards_table(data) if data else "no cards")
 
 
+@remote_verb
 def events(
     node: str | None = NodeOpt,
     kind: str | None = typer.Option(None, "--kind", help="An event kind, or a prefix ending in '.'."),
     severity: str | None = typer.Option(None, "--severity", help="info, warning or critical."),
     limit: int = typer.Option(50, "--limit", min=1, max=1000, help="How many, newest first."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Show events (hardware changes, card changes, alarms), newest first."""
     check_choice(severity, ("info", "warning", "critical"), "--severity")
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.get("/events", node=node, kind=kind, severity=severity, limit=limit)
     show(data, as_json, render.events_table(data) if data else "no events")
 
@@ -150,17 +185,16 @@ modes_app = typer.Typer(
 
 
 @modes_app.callback()
+@remote_verb
 def modes_show(
     ctx: typer.Context,
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Show the enabled modes: the platform's reference list, narrowed per host group and per GPU model."""
     if ctx.invoked_subcommand is not None:
         return
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.get("/modes")
     show(data, as_json, render.whitelist_view(data))
 
@@ -185,21 +219,20 @@ def _assignments(values: list[str], what: str) -> dict[str, list[str] | None]:
 
 
 @modes_app.command("set")
+@remote_verb
 def modes_set(
     platform: str | None = typer.Option(None, "--platform", help="The reference list, e.g. accel,vgpu."),
     group: list[str] = typer.Option([], "--group", help="GROUP=MODES (repeat); GROUP= removes the rule."),
     model: list[str] = typer.Option([], "--model", help="VENDOR:DEVICE=MODES (repeat); KEY= removes it."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Change the whitelist (admin): the levels you name change, the others stay as they are."""
     if platform is None and not group and not model:
         raise fail("nothing to change: give --platform, --group or --model", EXIT_BAD_INPUT)
     new_platform = _modes(platform, "--platform") if platform is not None else None
     groups, models = _assignments(group, "--group"), _assignments(model, "--model")
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         doc = client.get("/modes")
         if new_platform is not None:
             doc["platform"] = new_platform
@@ -219,17 +252,16 @@ token_app = typer.Typer(help="API tokens and join tokens (admin).", no_args_is_h
 
 
 @token_app.command("create")
+@remote_verb
 def token_create(
     role: str = typer.Option(..., "--role", "-r", help="viewer, operator or admin."),
-    name: str | None = typer.Option(None, "--name", help="What the token is for [default: ROLE-cli]."),
+    name: str | None = typer.Option(None, "--name", help="What the token is for \\[default: ROLE-cli]."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Create an API token; its secret is printed once."""
     check_choice(role, ROLES, "--role")
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.post("/tokens", {"name": name or f"{role}-cli", "role": role})
     if as_json:
         show(data, True)
@@ -240,18 +272,17 @@ def token_create(
 
 
 @token_app.command("join")
+@remote_verb
 def token_join(
     name: str = typer.Option("cli", "--name", help="What the join token is for."),
     uses: int = typer.Option(1, "--uses", min=0, help="How many hosts may join with it; 0: unlimited."),
     expires_in: int = typer.Option(86400, "--expires-in", min=0, help="Seconds it stays valid; 0: never."),
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Create a join token and print the `gpumode agent` command a host joins with."""
     body = {"name": name, "uses": uses or None, "expires_in_s": expires_in or None}
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.post("/join-tokens", body)
     if as_json:
         show(data, True)
@@ -263,26 +294,24 @@ def token_join(
 
 
 @token_app.command("list")
+@remote_verb
 def token_list(
     as_json: bool = JsonOpt,
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """List API tokens (never their secrets)."""
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.get("/tokens")
     show(data, as_json, render.tokens_table(data))
 
 
 @token_app.command("revoke")
+@remote_verb
 def token_revoke(
     token_id: int = typer.Argument(..., help="The token's id (see `gpumode token list`)."),
-    server: str | None = ServerOpt,
-    token: str | None = TokenOpt,
-    config: Path | None = ConfigOpt,
+    remote: Remote = LOCAL,
 ) -> None:
     """Revoke an API token; calls made with it fail from now on."""
-    with connect(server, token, config) as client:
+    with remote.connect() as client:
         data = client.delete(f"/tokens/{token_id}")
     out().print(f"revoked token {data['name']!r} (id {data['id']})")

@@ -350,9 +350,153 @@ def job_progress(job: Row, window: int | None = None) -> RenderableType:
     if shown and shown[-1][0] < total:
         table.add_row("", "", "", Text(f"… {total - shown[-1][0]} more step(s)", style="dim"), "")
     parts: list[RenderableType] = [head, overall, table]
+    cloud = cloud_text(job.get("cloud"))
+    if cloud:
+        parts.append(Text(f"cloud: {cloud}", style="dim"))
     if job.get("error"):
         parts.append(Text(f"error: {job['error']}", style="red"))
     return Group(*parts)
+
+
+def cloud_text(record: Row | None) -> str:
+    """What the cloud platform did around a job (``Job.cloud``), in words; empty when it did nothing.
+
+    The hold's content is the platform's own: the OpenStack keys (a disabled nova-compute service, moved
+    instances) are named when present, anything else is left to ``--json``.
+    """
+    if not record:
+        return ""
+    if "waiting_since" in record:
+        return f"waiting for the cloud platform since {clock(record['waiting_since'])}"
+    if "taking" in record:
+        return "taking the node out of the cloud's scheduling"
+    if "hold" not in record:
+        return ""
+    hold = record.get("hold") or {}
+    parts = []
+    if hold.get("disabled_by_us"):
+        parts.append("compute service disabled by gpumode")
+    if hold.get("moved"):
+        parts.append(f"{len(hold['moved'])} instance(s) moved off")
+    parts.append("node given back" if record.get("released") else "node held out of scheduling")
+    parts.extend(f"not undone: {p}" for p in record.get("problems") or [])
+    return "; ".join(parts)
+
+
+# --- rollouts -----------------------------------------------------------------------------------------------
+
+ROLLOUT_NODE_ENDED = frozenset({"succeeded", "failed", "rolled_back", "cancelled", "blocked"})
+
+
+def rollout_counts(rollout: Row) -> tuple[int, int]:
+    """(nodes whose part is over, nodes); a node never started because the rollout stopped is not over."""
+    nodes = rollout.get("nodes") or []
+    return sum(n.get("state") in ROLLOUT_NODE_ENDED for n in nodes), len(nodes)
+
+
+def rollout_head(rollout: Row) -> Text:
+    """``rollout 3 edge: passthrough (all GPUs) — running  1/4 nodes, 0 failure(s) of 1 allowed``."""
+    ended, total = rollout_counts(rollout)
+    state = rollout.get("state", "?")
+    return Text.assemble(
+        (f"rollout {rollout['id']} ", "bold"),
+        (f"{rollout.get('group', '?')}: {job_request_text(rollout)} — ", ""),
+        (state, JOB_STYLE.get(state, "")),
+        (f"  {ended}/{total} nodes, {rollout.get('failures', 0)} failure(s) of "
+         f"{rollout.get('max_failures', 0)} allowed, {rollout.get('concurrency', 1)} at once", "dim"),
+    )  # fmt: skip
+
+
+def rollouts_table(rollouts: Sequence[Row], title: str | None = "rollouts") -> Table:
+    columns = ("id", "group", "state", "request", "nodes", "failures", "by", "created")
+    table = _table(title, *columns, right=("id", "nodes", "failures"))
+    for r in rollouts:
+        ended, total = rollout_counts(r)
+        table.add_row(
+            str(r["id"]),
+            r.get("group", "-"),
+            Text(r.get("state", "?"), style=JOB_STYLE.get(r.get("state", ""), "")),
+            job_request_text(r),
+            f"{ended}/{total}",
+            f"{r.get('failures', 0)}/{r.get('max_failures', 0)}",
+            r.get("created_by") or "-",
+            clock(r.get("created_at")),
+        )
+    return table
+
+
+def rollout_progress(rollout: Row, jobs: Mapping[int, Row], window: int | None = None) -> RenderableType:
+    """A rollout with an overall bar (nodes over) and a row per node: its job's step bar, state, and what it
+    is doing or why it failed. ``jobs`` are the rollout's jobs by id (``GET /jobs?rollout=ID``); with
+    ``window``, only that many node rows around the first one not over are shown."""
+    from rich.progress_bar import ProgressBar
+
+    ended, total = rollout_counts(rollout)
+    overall = Table.grid()
+    overall.add_row(ProgressBar(total=max(total, 1), completed=ended, width=60))
+    nodes = list(enumerate(rollout.get("nodes") or [], 1))
+    shown = nodes
+    if window is not None and len(nodes) > window:
+        current = next((i for i, n in nodes if n.get("state") not in ROLLOUT_NODE_ENDED), len(nodes))
+        start = max(0, min(current - 1 - window // 2, len(nodes) - window))
+        shown = nodes[start : start + window]
+    table = Table(box=None, show_header=False, padding=(0, 1))
+    for justify in ("left", "left", "left", "right", "right", "left"):
+        table.add_column(justify=justify)
+    if shown and shown[0][0] > 1:
+        table.add_row("", "", Text(f"… {shown[0][0] - 1} earlier node(s)", style="dim"), "", "", "")
+    for _, node in shown:
+        st = node.get("state", "pending")
+        job = jobs.get(node["job"]) if node.get("job") is not None else None
+        finished, steps = step_counts(job) if job is not None else (0, 0)
+        colour = {"failed": "red", "blocked": "red", "rolled_back": "yellow", "cancelled": "yellow"}
+        bar = ProgressBar(total=max(steps, 1), completed=finished, width=24,
+                          complete_style="cyan", finished_style=colour.get(st, "green"))  # fmt: skip
+        table.add_row(
+            node.get("node", "?"),
+            bar,
+            Text(st, style=JOB_STYLE.get(st, "red" if st == "blocked" else "")),
+            f"job {node['job']}" if node.get("job") is not None else "",
+            f"{finished}/{steps}" if job is not None else "",
+            _node_doing(node, job),
+        )
+    if shown and shown[-1][0] < total:
+        table.add_row("", "", Text(f"… {total - shown[-1][0]} more node(s)", style="dim"), "", "", "")
+    return Group(rollout_head(rollout), overall, table)
+
+
+def _node_doing(node: Row, job: Row | None) -> Text:
+    """The node's error, else the step its job is running, else nothing."""
+    if node.get("error"):
+        return Text(str(node["error"]), style="red")
+    running = next((s for s in (job or {}).get("steps") or [] if s.get("state") == "running"), None)
+    if running is not None:
+        return Text(f"{running.get('action', '')} {running.get('target', '')}", style="cyan")
+    return Text("")
+
+
+def rollout_plans_view(answer: Row) -> Table:
+    """A rollout's dry run: one row per member with its plan's size, time and what changes."""
+    plans: Mapping[str, Row] = answer.get("plans") or {}
+    first = next(iter(plans.values()), {})
+    mode = (first.get("request") or {}).get("mode", "?")
+    table = _table(
+        f"rollout plan for group {answer.get('group', '?')}: {mode} on {len(plans)} node(s)",
+        "node", "steps", "est.", "GPUs changed", "VMs stopped", "reboot", right=("steps", "est."),
+    )  # fmt: skip
+    for name, plan in sorted(plans.items()):
+        impact = plan.get("impact") or {}
+        changes = sorted({f"{a} → {b}" for a, b in (impact.get("gpus") or {}).values()})
+        changed = len(impact.get("gpus") or {})
+        table.add_row(
+            name,
+            str(len(plan.get("steps") or [])),
+            f"{impact.get('estimated_seconds', 0):g}s",
+            f"{changed} ({', '.join(changes)})" if changed else "0",
+            Text(", ".join(impact.get("vms_stopped") or []) or "-"),
+            Text("yes", style="bold red") if impact.get("reboot_required") else "no",
+        )
+    return table
 
 
 def step_line(job: Row, index: int) -> Text:

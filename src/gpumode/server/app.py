@@ -46,6 +46,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         await run_in_threadpool(db.upgrade, engine)
         await run_in_threadpool(_recover_jobs, state)
         yield
+        state.close()
 
     app = FastAPI(
         title="gpumode",
@@ -74,9 +75,10 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 def _recover_jobs(state: ServerState) -> None:
     """Jobs and rollouts carry on after a restart: finish cloud steps left undone, move rollouts on."""
     with state.sessions() as session:
-        switch_jobs.recover(session, state.platform_factory(session))
+        platform = state.platform_factory(session)
+        switch_jobs.recover(session, platform)
         for rollout_id in rollouts.running_ids(session):
-            rollouts.advance(session, rollout_id)
+            rollouts.advance(session, rollout_id, platform)
         session.commit()
 
 

@@ -5,6 +5,9 @@ it. :func:`advance` is called whenever one of its jobs ends (and when it is crea
 starts jobs until ``concurrency`` are active, unless more than ``max_failures`` have ended other than
 ``succeeded``, and closes the rollout when nothing is left to start or wait for. The rollout row is locked
 while it advances, so two jobs ending at once in two server processes cannot overshoot the limit.
+
+Every plan is made with the server's cloud platform (``platform`` below), exactly as a single switch is: on
+OpenStack a rollout's jobs deliver nova-compute's configuration and restart it like any other job.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest
 from gpumode.server import jobs, whitelist
 from gpumode.server.models import HostGroup, Job, Node, Rollout
@@ -36,14 +40,16 @@ def members(session: Session, group: str) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.group_id == group_id).order_by(Node.name)))
 
 
-def plan_all(session: Session, nodes: Sequence[Node], request: SwitchRequest) -> dict[str, Plan]:
+def plan_all(
+    session: Session, nodes: Sequence[Node], request: SwitchRequest, platform: CloudPlatform
+) -> dict[str, Plan]:
     """Every member's plan, or :class:`jobs.JobError` naming each member that may not be switched."""
     rules = whitelist.load(session)
     plans: dict[str, Plan] = {}
     refused: list[str] = []
     for node in nodes:
         try:
-            plans[node.name] = jobs.plan_for_node(session, node, request, rules)
+            plans[node.name] = jobs.plan_for_node(session, node, request, rules, platform)
         except jobs.JobError as exc:
             refused.append(f"{node.name}: {exc.message}")
     if refused:
@@ -56,6 +62,7 @@ def create(
     group: str,
     nodes: Sequence[Node],
     request: SwitchRequest,
+    platform: CloudPlatform,
     *,
     concurrency: int,
     max_failures: int,
@@ -77,11 +84,11 @@ def create(
     )
     session.add(rollout)
     session.flush()
-    advance(session, rollout.id)
+    advance(session, rollout.id, platform)
     return rollout
 
 
-def advance(session: Session, rollout_id: int) -> None:
+def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
     """Start what may start, close the rollout when it is over (flushes; the caller commits)."""
     rollout = session.scalars(select(Rollout).where(Rollout.id == rollout_id).with_for_update()).first()
     if rollout is None or rollout.state != RolloutState.RUNNING.value:
@@ -101,7 +108,7 @@ def advance(session: Session, rollout_id: int) -> None:
         try:
             if node is None:
                 raise jobs.NotFound(f"node {name} was removed")
-            plan = jobs.plan_for_node(session, node, request, rules)
+            plan = jobs.plan_for_node(session, node, request, rules, platform)
             job = jobs.create_job(
                 session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id
             )
@@ -119,12 +126,30 @@ def advance(session: Session, rollout_id: int) -> None:
     session.flush()
 
 
-def cancel(session: Session, rollout: Rollout) -> None:
-    """Start no more jobs; the ones running finish (cancel them one by one to roll them back)."""
+def cancel(session: Session, rollout: Rollout, by: str) -> list[Job]:
+    """Start no more jobs and cancel the queued ones (returned, so the caller can wake their agents); the
+    running ones finish, since rolling a host back is a decision per host (cancel them one by one).
+
+    The caller gets the rollout with ``lock=True`` (a job ending in another process may be advancing it)
+    and commits.
+    """
     if rollout.state != RolloutState.RUNNING.value:
         raise jobs.JobConflict(f"rollout {rollout.id} is already {rollout.state}")
     rollout.state = RolloutState.CANCELLED.value
     rollout.finished_at = jobs.now()
+    queued = session.scalars(
+        select(Job)
+        .where(Job.rollout_id == rollout.id, Job.state == jobs.JobState.QUEUED.value)
+        .order_by(Job.id)
+        .with_for_update()
+    )
+    cancelled = []
+    for job in queued:
+        jobs.cancel(session, job, f"{by} (rollout {rollout.id} cancelled)")
+        session.add(jobs.ended_event(job))
+        cancelled.append(job)
+    session.flush()
+    return cancelled
 
 
 def _is_blocked(name: str, blocked: Sequence[str]) -> bool:
@@ -138,8 +163,9 @@ def _failures(own: Sequence[Job], blocked: Sequence[str]) -> int:
     return ended_badly + len(blocked)
 
 
-def get(session: Session, rollout_id: int) -> Rollout:
-    rollout = session.get(Rollout, rollout_id)
+def get(session: Session, rollout_id: int, *, lock: bool = False) -> Rollout:
+    query = select(Rollout).where(Rollout.id == rollout_id)
+    rollout = session.scalars(query.with_for_update() if lock else query).first()
     if rollout is None:
         raise jobs.NotFound(f"no rollout {rollout_id}")
     return rollout
@@ -176,7 +202,7 @@ def running_ids(session: Session) -> list[int]:
     return list(session.scalars(select(Rollout.id).where(Rollout.state == RolloutState.RUNNING.value)))
 
 
-def after_job(session: Session, job: Job) -> None:
+def after_job(session: Session, job: Job, platform: CloudPlatform) -> None:
     """A job ended: if it belongs to a rollout, let the rollout move on."""
     if job.rollout_id is not None and not jobs.JobState(job.state).active:
-        advance(session, job.rollout_id)
+        advance(session, job.rollout_id, platform)

@@ -333,6 +333,12 @@ class JobOut(BaseModel):
     plan: dict[str, Any]
     steps: list[JobStepOut]
     rollout: int | None
+    cloud: dict[str, Any] | None = Field(
+        description="What the cloud platform did around the job (null: nothing yet, or a platform without "
+        "switch hooks): `waiting_since` while it waits for the platform, `taking` while it takes the node "
+        "out of scheduling, then `hold` (e.g. the nova-compute service it disabled, the instances it "
+        "stopped) with `released` and the `problems` it could not undo"
+    )
     cancel_requested: bool
     error: str | None
     created_by: str | None
@@ -381,6 +387,11 @@ class JobEventsAck(BaseModel):
     job: int
     state: str
     cancel_requested: bool
+    retry_after_s: float | None = Field(
+        default=None,
+        description="The host steps are over and the job waits for the cloud platform: post again (even "
+        "`{\"steps\": []}`) after this many seconds; each post is one more try. Absent otherwise.",
+    )
 
 
 class RolloutNodeOut(BaseModel):

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpumode.server import audit, jobs, rollouts, whitelist
 from gpumode.server.auth import Role
@@ -36,6 +40,7 @@ def job_out(job: Job) -> dict[str, Any]:
         "plan": job.plan,
         "steps": job.steps,
         "rollout": job.rollout_id,
+        "cloud": job.cloud,
         "cancel_requested": job.cancel_requested,
         "error": job.error,
         "created_by": job.created_by,
@@ -46,24 +51,19 @@ def job_out(job: Job) -> dict[str, Any]:
     }
 
 
-def _options(body: SwitchIn) -> jobs.SwitchOptions:
-    return jobs.SwitchOptions(
-        mode=body.mode,
-        gpus=tuple(body.gpus),
-        vgpu_type=body.vgpu_type,
-        vgpu_count=body.vgpu_count,
-        profile=body.profile,
-        passthrough_alias=body.passthrough_alias,
-        vm_policy=body.vm_policy,
-    )
-
-
-def _refused(exc: jobs.JobError) -> HTTPException:
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail())
-
-
-def _not_found(exc: jobs.NotFound) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, str(exc))
+@contextmanager
+def refusals() -> Iterator[None]:
+    """The job service's refusals as HTTP answers, the same for every route: an unknown node, job, group or
+    rollout is 404, a request that may not be planned 422 (with its code and choices), a job or rollout in
+    the wrong state for it 409."""
+    try:
+        yield
+    except jobs.NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except jobs.JobError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
+    except jobs.JobConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 
 
 @router.post(
@@ -81,18 +81,12 @@ def switch(
     platform: PlatformDep,
     dry_run: bool = False,
 ) -> Any:
-    try:
+    with refusals():
         node = jobs.find_node(session, name)
-        switch_request = jobs.to_request(_options(body), platform)
+        switch_request = jobs.to_request(jobs.SwitchOptions.from_body(body), platform)
         plan = jobs.plan_for_node(session, node, switch_request, whitelist.load(session), platform)
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
-    except jobs.JobError as exc:
-        raise _refused(exc) from exc
     if dry_run:
-        session.rollback()
-        audit.skip(request)  # a dry run changes nothing, so it leaves no trace either
-        return _dry(DryRunOut(node=name, plan=jobs.plan_json(plan)))
+        return _dry(request, session, DryRunOut(node=name, plan=jobs.plan_json(plan)))
     try:
         job = jobs.create_job(session, node, plan, created_by=principal.name)
     except jobs.ActiveJobExists as exc:
@@ -105,8 +99,10 @@ def switch(
     return job_out(job)
 
 
-def _dry(body: Any) -> JSONResponse:
-    """A dry run answers 200, not the 201 of a created job."""
+def _dry(request: Request, session: Session, body: BaseModel) -> JSONResponse:
+    """A dry run stores nothing, so it leaves no audit trace either, and answers 200, not a creation's 201."""
+    session.rollback()
+    audit.skip(request)
     return JSONResponse(body.model_dump(mode="json"), status_code=status.HTTP_200_OK)
 
 
@@ -134,10 +130,8 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
 def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
-    try:
+    with refusals():
         job = jobs.get_job(session, job_id)
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
     node_access(principal, job.node, users_need=Role.VIEWER)
     return job_out(job)
 
@@ -145,17 +139,14 @@ def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[s
 @router.post(
     "/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (a running one is rolled back)"
 )
-def cancel_job(job_id: int, principal: Operator, request: Request, session: SessionDep) -> dict[str, Any]:
-    try:
+def cancel_job(
+    job_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
+) -> dict[str, Any]:
+    with refusals():
         job = jobs.get_job(session, job_id, lock=True)
         jobs.cancel(session, job, principal.name)
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
-    except jobs.JobConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     if not jobs.JobState(job.state).active:
-        session.add(jobs.ended_event(job))
-        rollouts.after_job(session, job)
+        jobs.ended(session, job, platform)
     audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"now {job.state}")
     work.notifier(request).notify(job.node)
     return job_out(job)
@@ -179,27 +170,23 @@ def switch_group(
     platform: PlatformDep,
     dry_run: bool = False,
 ) -> Any:
-    try:
+    with refusals():
         nodes = rollouts.members(session, group)
-        switch_request = jobs.to_request(_options(body), platform)
-        plans = rollouts.plan_all(session, nodes, switch_request)
+        switch_request = jobs.to_request(jobs.SwitchOptions.from_body(body), platform)
+        plans = rollouts.plan_all(session, nodes, switch_request, platform)
         if dry_run:
-            session.rollback()
-            audit.skip(request)
-            return _dry(RolloutDryRunOut(group=group, plans={n: jobs.plan_json(p) for n, p in plans.items()}))
+            dry = RolloutDryRunOut(group=group, plans={n: jobs.plan_json(p) for n, p in plans.items()})
+            return _dry(request, session, dry)
         rollout = rollouts.create(
             session,
             group,
             nodes,
             switch_request,
+            platform,
             concurrency=body.concurrency,
             max_failures=body.max_failures,
             created_by=principal.name,
         )
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
-    except jobs.JobError as exc:
-        raise _refused(exc) from exc
     result = rollouts.out(session, rollout)
     audit.commit_audited(
         request, session, target=f"group:{group}", status_code=201, detail=f"rollout {rollout.id}"
@@ -219,21 +206,24 @@ def list_rollouts(
 
 @router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
 def get_rollout(rollout_id: int, _: Viewer, session: SessionDep) -> dict[str, Any]:
-    try:
+    with refusals():
         return rollouts.out(session, rollouts.get(session, rollout_id))
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
 
 
-@router.post("/rollouts/{rollout_id}/cancel", response_model=RolloutOut, summary="Start no more jobs")
-def cancel_rollout(rollout_id: int, _: Operator, request: Request, session: SessionDep) -> dict[str, Any]:
-    try:
-        rollout = rollouts.get(session, rollout_id)
-        rollouts.cancel(session, rollout)
-    except jobs.NotFound as exc:
-        raise _not_found(exc) from exc
-    except jobs.JobConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+@router.post(
+    "/rollouts/{rollout_id}/cancel",
+    response_model=RolloutOut,
+    summary="Start no more jobs and cancel the queued ones; running jobs finish",
+)
+def cancel_rollout(
+    rollout_id: int, principal: Operator, request: Request, session: SessionDep
+) -> dict[str, Any]:
+    with refusals():
+        rollout = rollouts.get(session, rollout_id, lock=True)
+        cancelled = rollouts.cancel(session, rollout, principal.name)
     result = rollouts.out(session, rollout)
-    audit.commit_audited(request, session, target=f"rollout:{rollout_id}", detail="cancelled")
+    detail = f"cancelled; queued jobs cancelled: {', '.join(str(j.id) for j in cancelled) or 'none'}"
+    audit.commit_audited(request, session, target=f"rollout:{rollout_id}", detail=detail)
+    for job in cancelled:
+        work.notifier(request).notify(job.node)
     return result

@@ -42,11 +42,11 @@ def placement_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
 @pytest.fixture
 def placement(placement_service: tuple[Served, Faults]) -> Iterator[PlacementAdmin]:
     served, faults = placement_service
-    faults.fail = None
+    faults.reset()
     admin = PlacementAdmin(served.url)
     admin.wipe()
     yield admin
-    faults.fail = None
+    faults.reset()
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ class NovaComputeReporter:
         self.dropin = dropin
         self.restarts = 0
         self.kept: list[str] = []  # providers nova could not remove (allocations)
+        self.skipped: list[str] = []  # configured mdev parents the host did not offer the type on (logged)
 
     def restart(self) -> None:
         self.restarts += 1
@@ -52,10 +53,17 @@ class NovaComputeReporter:
         wanted: dict[str, tuple[str, int]] = {}
         for type_id in _split(conf.get("devices", {}).get("enabled_mdev_types", [""])[0]):
             for parent in _split(conf.get(f"mdev_{type_id}", {}).get("device_addresses", [""])[0]):
+                # The configuration and the devices are read at different times, and a switch or its
+                # rollback may be between them (the drop-in already restored, the GPU still on vfio-pci):
+                # nova-compute then logs that the device does not offer the type and reports no VGPU for
+                # it; the next restart, on a settled host, reports it.
                 fn = snap.function(parent)
-                assert fn is not None, f"device_addresses names {parent}, not on the host"
+                types = {t.type_id: t.available_instances for t in fn.mdev_types} if fn is not None else {}
+                if fn is None or type_id not in types:
+                    self.skipped.append(f"{parent}: no mdev type {type_id}")
+                    continue
                 existing = sum(1 for m in fn.mdevs if m.type_id == type_id)
-                free = next(t.available_instances for t in fn.mdev_types if t.type_id == type_id)
+                free = types[type_id]
                 wanted[f"{name}_pci_" + parent.replace(":", "_").replace(".", "_")] = (
                     "VGPU",
                     existing + free,

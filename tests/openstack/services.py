@@ -37,20 +37,35 @@ class Served:
         self.server.server_close()
 
 
+HARNESS_HEADER = "X-Gpumode-Test-Harness"  # sent by PlacementAdmin (the tests and the nova-compute reporter)
+
+
 class Faults:
-    """Wraps Placement: while ``fail`` says so, a request gets 503 (Placement down behind its proxy)."""
+    """Wraps Placement: while ``fail`` says so, a request gets ``status`` (503: Placement down behind its
+    proxy; 500: Placement itself failing). ``spare_harness``: only gpumode's requests fail, the tests' own
+    and nova-compute's (the reporter's) go through."""
+
+    REASONS: ClassVar[dict[int, str]] = {500: "Internal Server Error", 503: "Service Unavailable"}
 
     def __init__(self, app: Wsgi) -> None:
         self.app = app
         self.fail: Callable[[str, str], bool] | None = None
+        self.status = 503
+        self.spare_harness = False
         self.seen: list[tuple[str, str]] = []
+
+    def reset(self) -> None:
+        self.fail, self.status, self.spare_harness = None, 503, False
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         self.seen.append((method, path))
-        if self.fail is not None and self.fail(method, path):
-            start_response("503 Service Unavailable", [("Content-Type", "application/json")])
-            return [b'{"errors": [{"status": 503, "title": "Service Unavailable", "detail": "injected"}]}']
+        spared = self.spare_harness and "HTTP_X_GPUMODE_TEST_HARNESS" in environ
+        if self.fail is not None and not spared and self.fail(method, path):
+            reason = self.REASONS.get(self.status, "Error")
+            start_response(f"{self.status} {reason}", [("Content-Type", "application/json")])
+            body = {"errors": [{"status": self.status, "title": reason, "detail": "injected"}]}
+            return [json.dumps(body).encode()]
         return self.app(environ, start_response)
 
 
@@ -76,7 +91,11 @@ def start_placement(directory: Path) -> tuple[Served, Faults]:
 class PlacementAdmin:
     """Direct HTTP to Placement for the tests' own setup and assertions (not gpumode's client)."""
 
-    HEADERS: ClassVar[dict[str, str]] = {"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"}
+    HEADERS: ClassVar[dict[str, str]] = {
+        "X-Auth-Token": "admin",
+        "OpenStack-API-Version": "placement 1.39",
+        HARNESS_HEADER: "1",
+    }
 
     def __init__(self, url: str) -> None:
         self.http = httpx.Client(base_url=url, headers=self.HEADERS, timeout=10)

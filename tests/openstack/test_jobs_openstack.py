@@ -40,6 +40,7 @@ UNIT = "nova-compute.service"
 GPUS = ["0000:18:00.0", "0000:3b:00.0", "0000:99:00.0", "0000:b0:00.0"]
 VGPU, PT, ACCEL = "CUSTOM_GPUMODE_VGPU", "CUSTOM_GPUMODE_PASSTHROUGH", "CUSTOM_GPUMODE_ACCEL"
 ENDED = {"succeeded", "failed", "rolled_back", "cancelled"}
+PLACEMENT_RETRY_S = 4  # how long a job's cloud steps wait for Placement before the host is rolled back
 
 
 class NovaComputeWatch:
@@ -125,6 +126,7 @@ def server_config(path: Path, db_url: str, placement: PlacementAdmin, nova_url: 
         f'compute_endpoint = "{nova_url}"\npci_in_placement = true\nnova_dropin = "{DROPIN}"\n'
         'restart_command = ["systemctl", "restart", "nova-compute"]\n'
         "inventory_timeout_s = 6\npoll_interval_s = 0.3\nvm_timeout_s = 5\n"
+        f"placement_retry_s = {PLACEMENT_RETRY_S}\n"
     )
     return path
 

@@ -9,6 +9,12 @@ Step reports go out from a sender thread so the host never waits for a slow serv
 runner gives the sender a moment to deliver (so a cancel is seen at the next boundary while the server is
 reachable) and never more. The last report — every step's final state and the host's result — is sent after
 a fresh snapshot, and retried until the server takes it.
+
+The job is not over when the host's part is: the server's cloud steps may wait for the cloud platform, and if
+they fail for good the host must go back. So the record stays until the server says the job ended; meanwhile
+the agent asks again every ``retry_after_s`` the server names (each ask is one more try of the cloud steps),
+and when the server asks for the host back (``cancel_requested`` after a ``done`` run) it undoes the
+finished run from its journal (:func:`gpumode.modes.engine.undo_finished`) and reports those steps.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ log = logging.getLogger(__name__)
 
 RECORD_PATH = f"{STATE_DIR}/agent/job.json"
 BOUNDARY_WAIT_S = 0.5  # at most this long per step for the server to hear of it (and answer a cancel)
+ASK_AGAIN_S = 1.0  # while the cloud steps wait, when the server names no interval
+ACTIVE = frozenset({"queued", "running"})
 
 
 class JobCancelled(Exception):
@@ -223,6 +231,8 @@ class JobRunner:
             self.recover()
             return
         plan = plan_from_dict(work["plan"])
+        if work.get("cancel_requested") and self._ran_elsewhere(job_id):
+            return
         JobRecord(job_id, work["plan"], time.time()).save(self.host)
         log.info("job %s: switching to %s (%d step(s))", job_id, plan.request.mode.value, len(plan.steps))
         self._execute(job_id, plan, mode="apply", cancel=bool(work.get("cancel_requested")))
@@ -252,6 +262,11 @@ class JobRunner:
             self._execute(record.job, plan, mode="rollback" if cancel else "resume", cancel=cancel)
             return
         finished = _finished_run(store, plan, record.started_at)
+        wants_undo = bool(server_view.get("cancel_requested")) and server_view.get("state") in ACTIVE
+        if finished is not None and finished.state is RunState.DONE and wants_undo:
+            log.info("job %s: the server wants the finished run undone (its cloud side failed)", record.job)
+            self._undo(record.job, plan, finished.plan_id)
+            return
         if finished is not None:
             log.info(
                 "job %s: it ended (%s) before the restart; reporting it", record.job, finished.state.value
@@ -265,13 +280,50 @@ class JobRunner:
 
     # --- one run --------------------------------------------------------------------------------------------
 
-    def _execute(self, job_id: int, plan: Plan, *, mode: str, cancel: bool) -> None:
+    def _ran_elsewhere(self, job_id: int) -> bool:
+        """A cancelled job without a local record whose host steps the server saw run (the record was lost):
+        which run to undo is unknown here, so say so rather than report it rolled back."""
+        seen = self.client.job(job_id)
+        if not any(s.get("where") == "host" and s.get("state") != "pending" for s in seen.get("steps", [])):
+            return False
+        log.error("job %s: asked to undo it, but this host has no record of running it", job_id)
+        self._finish(
+            job_id,
+            "failed",
+            "the host ran this job's steps but its agent lost the record of it; "
+            "check the host and switch it back by hand",
+            [],
+        )
+        return True
+
+    def _undo(self, job_id: int, plan: Plan, plan_id: str) -> None:
+        """Undo the job's finished run (the server asked: its cloud steps failed for good)."""
+        self._execute(job_id, plan, mode="undo", cancel=True, undo=plan_id)
+
+    def _undo_recorded(self, job_id: int) -> None:
+        """Undo the run the job record names; without one, or without its journal, nothing can be undone:
+        the host's result is reported as it is."""
+        record = JobRecord.load(self.host)
+        plan = plan_from_dict(record.plan) if record is not None else None
+        finished = _finished_run(JournalStore(self.host), plan, 0.0) if plan is not None else None
+        if plan is None or finished is None:
+            log.error("job %s: the server wants the host back, but its run is not on this host", job_id)
+            self._finish(job_id, "failed", "the finished run to undo is not on this host", [])
+            return
+        log.info("job %s: the cloud side failed for good; undoing the host's run", job_id)
+        self._undo(job_id, plan, finished.plan_id)
+
+    def _execute(self, job_id: int, plan: Plan, *, mode: str, cancel: bool, undo: str = "") -> None:
         sender = EventSender(self.client, job_id, cancel_requested=cancel)
         progress = self._progress(sender)
         self.reporter.paused.set()
         try:
             try:
-                run = self._run(plan, mode, progress, cancel)
+                run = (
+                    engine.undo_finished(self.host, undo, progress)
+                    if mode == "undo"
+                    else self._run(plan, mode, progress, cancel)
+                )
             except JobCancelled:
                 log.info("job %s: cancelled; rolling back", job_id)
                 run = engine.rollback(self.host, progress)
@@ -335,14 +387,26 @@ class JobRunner:
         return progress
 
     def _finish(self, job_id: int, result: str, error: str | None, steps: list[dict[str, Any]]) -> None:
-        """Fresh snapshot first (the server's cloud steps read it), then the host's result; then forget it."""
+        """Fresh snapshot first (the server's cloud steps read it), then the host's result; then follow the
+        job until the server ends it (see the module doc), and forget it."""
         self.reporter.report(force=True)
-        body = {"steps": steps, "host": {"result": result, "error": error}}
+        body: dict[str, Any] = {"steps": steps, "host": {"result": result, "error": error}}
         try:
             answer = self.client.job_events(job_id, body)
             log.info("job %s: host %s; the job is %s", job_id, result, answer.get("state"))
+            while answer.get("state") in ACTIVE:
+                if answer.get("cancel_requested") and result == "done":
+                    self._undo_recorded(job_id)
+                    return
+                wait = answer.get("retry_after_s")
+                if self.stop.wait(float(wait) if wait is not None else ASK_AGAIN_S):
+                    log.info("job %s: stopping while its cloud steps wait; the next start asks again", job_id)
+                    return
+                answer = self.client.job_events(job_id, {"steps": []})
         except ApiError as exc:  # closed already (409), gone (404), or refused: nothing a retry would change
             log.error("job %s: the server did not take the result: %s", job_id, exc)
+        except Stopped:
+            return  # the record stays: the next start reports again
         JobRecord.clear(self.host)
 
 

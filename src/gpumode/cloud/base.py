@@ -40,6 +40,11 @@ class CloudError(RuntimeError):
     """The cloud platform failed, is unreachable, or refuses a switch; the message names what and where."""
 
 
+class CloudUnavailable(CloudError):
+    """The platform cannot do it now but may soon (unreachable, 5xx, a write conflict, or it does not show
+    the host's new state yet): worth trying again until a deadline. Nothing is left half-written."""
+
+
 @dataclass(frozen=True, slots=True)
 class CardSpec:
     """A card a host should have, derived from its snapshot.
@@ -80,6 +85,15 @@ class Card:
     @property
     def key(self) -> tuple[str, str]:
         return (self.kind.value, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class CardCounts:
+    """How many cards are in each status: fleet-wide, and for each node asked about (a node without cards
+    is absent). Statuses without cards are absent too."""
+
+    total: dict[CardStatus, int]
+    by_node: dict[str, dict[CardStatus, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +139,11 @@ class CloudPlatform(Protocol):
         holder: str | None = None,
         clear_holder: bool = False,
     ) -> Card: ...
+
+    def count_cards(self, nodes: Sequence[str] = ()) -> CardCounts:
+        """Cards per status, fleet-wide and for each of ``nodes``, counted where the cards are kept (the
+        dashboard's totals: cheap at any fleet size, never a listing of every card)."""
+        ...
 
     def list_profiles(self) -> list[VgpuProfile]: ...
 
@@ -178,6 +197,17 @@ class SwitchHooks(Protocol):
         """How long a job waits for :meth:`ready` before it fails."""
         ...
 
+    @property
+    def retry_timeout_s(self) -> float:
+        """How long a job's cloud steps keep trying while :meth:`set_up_cards` says
+        :class:`CloudUnavailable`, before the host's run is undone."""
+        ...
+
+    @property
+    def retry_interval_s(self) -> float:
+        """The first wait between such tries (then doubling)."""
+        ...
+
     def ready(self) -> str | None:
         """None when the platform can take a switch now, else why not (unreachable, erroring)."""
         ...
@@ -195,10 +225,12 @@ class SwitchHooks(Protocol):
         ...
 
     def set_up_cards(
-        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False, wait: bool = True
     ) -> str:
         """Make the cloud offer the host's cards as ``snapshot`` shows them; returns a note for the job.
-        ``delivered``: the plan's host steps already delivered what the host needs."""
+        ``delivered``: the plan's host steps already delivered what the host needs. ``wait=False``: one try,
+        :class:`CloudUnavailable` when the platform is away for now (the caller tries again later); any
+        failure leaves nothing half-written."""
         ...
 
     def sync_hardware(self, snapshot: HostSnapshot) -> list[Drift]:

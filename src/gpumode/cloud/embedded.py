@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Integer, MetaData, String, delete, select
+from sqlalchemy import DateTime, Integer, MetaData, String, delete, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from gpumode.cloud.base import (
     Card,
+    CardCounts,
     CardError,
     CardSpec,
     CardStatus,
@@ -178,6 +179,21 @@ class EmbeddedPlatform:
         self.session.flush()
         return record.to_card()
 
+    def count_cards(self, nodes: Sequence[str] = ()) -> CardCounts:
+        """Two ``GROUP BY`` queries: on the status index for the fleet, on the node index for ``nodes``."""
+        by_status = select(CardRecord.status, func.count()).group_by(CardRecord.status)
+        total = {CardStatus(status): n for status, n in self.session.execute(by_status)}
+        by_node: dict[str, dict[CardStatus, int]] = {}
+        if nodes:
+            query = (
+                select(CardRecord.node, CardRecord.status, func.count())
+                .where(CardRecord.node.in_(list(nodes)))
+                .group_by(CardRecord.node, CardRecord.status)
+            )
+            for node, status, n in self.session.execute(query):
+                by_node.setdefault(node, {})[CardStatus(status)] = n
+        return CardCounts(total, by_node)
+
     # profiles and aliases
     # ----------------------------------------------------------------------------------------
 
@@ -232,6 +248,14 @@ class EmbeddedPlatform:
     def ready_timeout_s(self) -> float:
         return 0.0
 
+    @property
+    def retry_timeout_s(self) -> float:
+        return 0.0
+
+    @property
+    def retry_interval_s(self) -> float:
+        return 1.0
+
     def ready(self) -> str | None:
         return None
 
@@ -245,7 +269,7 @@ class EmbeddedPlatform:
         return []
 
     def set_up_cards(
-        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False, wait: bool = True
     ) -> str:
         return ""
 

@@ -49,6 +49,8 @@ class DesiredState:
     gpus: dict[str, GpuDesire] = field(default_factory=dict)  # PCI address -> desire
     updated_at: float | None = None
     plan_id: str | None = None  # the plan that last wrote it
+    # what that plan replaced (address -> desire, None: had none), so undoing a finished run can put it back
+    previous: dict[str, GpuDesire | None] = field(default_factory=dict)
 
     def requests(self, vm_policy: VmPolicy = VmPolicy.GPU) -> list[SwitchRequest]:
         """Group GPUs that want the same thing into one request each, in a stable order.
@@ -96,11 +98,22 @@ def load_desired(host: Host) -> DesiredState:
             )
             for address, d in data["gpus"].items()
         }
+        previous = {
+            address: None if d is None else GpuDesire(
+                mode=Mode(d["mode"]),
+                vgpu_type=d.get("vgpu_type"),
+                vgpu_count=d.get("vgpu_count"),
+                passthrough_alias=d.get("passthrough_alias"),
+            )
+            for address, d in (data.get("previous") or {}).items()
+        }
     except DesiredStateError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DesiredStateError(f"{path}: malformed desired state: {exc}") from exc
-    return DesiredState(gpus=gpus, updated_at=data.get("updated_at"), plan_id=data.get("plan_id"))
+    return DesiredState(
+        gpus=gpus, updated_at=data.get("updated_at"), plan_id=data.get("plan_id"), previous=previous
+    )
 
 
 def save_desired(host: Host, state: DesiredState) -> None:
@@ -111,6 +124,10 @@ def save_desired(host: Host, state: DesiredState) -> None:
         "plan_id": state.plan_id,
         "gpus": {a: state.gpus[a].to_dict() for a in sorted(state.gpus)},
     }
+    if state.previous:
+        body["previous"] = {
+            a: None if d is None else d.to_dict() for a, d in sorted(state.previous.items())
+        }
     atomic_write(desired_path(host), json.dumps(body, indent=2) + "\n")
 
 
@@ -123,11 +140,30 @@ def record_success(host: Host, request: SwitchRequest, gpus: list[str], plan_id:
         vgpu_count=request.vgpu_count if request.mode is Mode.VGPU else None,
         passthrough_alias=request.passthrough_alias if request.mode is Mode.PASSTHROUGH else None,
     )
+    state.previous = {address: state.gpus.get(address) for address in gpus}
     for address in gpus:
         state.gpus[address] = desire
     state.plan_id = plan_id
     save_desired(host, state)
     return state
+
+
+def undo_success(host: Host, plan_id: str) -> bool:
+    """Put back what :func:`record_success` of ``plan_id`` replaced (its run is being undone). Only while
+    that plan is the last one recorded; ``False`` when there is nothing (left) to put back, so it is safe to
+    call twice."""
+    state = load_desired(host)
+    if state.plan_id != plan_id or not state.previous:
+        return False
+    for address, desire in state.previous.items():
+        if desire is None:
+            state.gpus.pop(address, None)
+        else:
+            state.gpus[address] = desire
+    state.previous = {}
+    state.plan_id = None
+    save_desired(host, state)
+    return True
 
 
 def plan_gpus(plan: Plan) -> list[str]:

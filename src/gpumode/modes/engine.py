@@ -34,7 +34,14 @@ from gpumode.host.discover import discover
 from gpumode.host.root import Host
 from gpumode.host.vms import Hypervisor, open_hypervisor
 from gpumode.modes.catalog import Catalog, load_catalog
-from gpumode.modes.desired import DesiredState, GpuDesire, load_desired, plan_gpus, record_success
+from gpumode.modes.desired import (
+    DesiredState,
+    GpuDesire,
+    load_desired,
+    plan_gpus,
+    record_success,
+    undo_success,
+)
 from gpumode.modes.journal import HostLock, Journal, JournalStore, RunState
 from gpumode.modes.plan import plan_switch
 from gpumode.modes.policy import RequestError, Whitelist, load_whitelist
@@ -244,6 +251,43 @@ def rollback(
         if journal is None:
             return None
         return Runner(host, progress=progress, hypervisor=hypervisor).rollback(journal)
+
+
+def undo_finished(
+    host: Host,
+    plan_id: str,
+    progress: ProgressCallback | None = None,
+    *,
+    hypervisor: Hypervisor | None = None,
+) -> RunResult:
+    """Undo a run that finished ``done`` (the server's cloud side failed after it): every step it did,
+    newest first, from the undo records its journal kept; the GPUs' desired state goes back too.
+
+    Crash-safe and repeatable: the journal is reopened (rolling back) before anything is undone, so a crash
+    leaves an unfinished rolling-back journal that :func:`rollback` or :func:`resume` finishes; a run already
+    undone is returned as it is.
+    """
+    store = JournalStore(host)
+    with HostLock(host):
+        runner = Runner(host, progress=progress, hypervisor=hypervisor)
+        unfinished = store.unfinished()
+        if unfinished is not None:
+            if unfinished.plan_id != plan_id:
+                raise EngineError(
+                    f"cannot undo run {plan_id}: run {unfinished.plan_id} is unfinished on this host; "
+                    "settle it first (`gpumode apply --resume` or `--rollback`)"
+                )
+            undo_success(host, plan_id)
+            return runner.rollback(unfinished)  # an undo a crash interrupted
+        journal = store.finished(plan_id)
+        if journal is None:
+            raise EngineError(f"no finished run {plan_id} on this host to undo")
+        if journal.state is RunState.ROLLED_BACK:
+            return RunResult(journal.plan_id, journal.state, journal.path, journal.steps, journal.error)
+        if journal.state is not RunState.DONE:
+            raise EngineError(f"run {plan_id} ended {journal.state.value}; only a done run can be undone")
+        undo_success(host, plan_id)
+        return runner.rollback(store.reopen(journal, "undoing a finished run"))
 
 
 def apply_desired(

@@ -274,6 +274,30 @@ class JournalStore:
         _fsync_dir(self.dir)
         journal.path = target
 
+    def finished(self, plan_id: str) -> Journal | None:
+        """The finished journal of run ``plan_id``, if it is still in ``done/``."""
+        path = self.done_dir / f"{plan_id}.json"
+        return Journal.load(path) if path.exists() else None
+
+    def reopen(self, journal: Journal, why: str) -> Journal:
+        """Make a finished journal unfinished again, rolling back (to undo a run after it ended).
+
+        Crash-safe: the plan, then the journal (state ``rolling-back``) are written into the journal directory
+        before the finished copy goes; a crash in between leaves an unfinished journal that rolls back, and
+        the stale copy in ``done/`` is replaced when that rollback archives it.
+        """
+        done_path = journal.path
+        target = self.dir / done_path.name
+        atomic_write(plan_path(target), plan_path(done_path).read_text())
+        journal.path = target
+        journal.state = RunState.ROLLING_BACK
+        journal.error = why
+        journal.save()
+        _fsync_dir(self.dir)
+        done_path.unlink(missing_ok=True)
+        plan_path(done_path).unlink(missing_ok=True)
+        return journal
+
     def history(self, limit: int = 10) -> list[Journal]:
         if not self.done_dir.is_dir():
             return []

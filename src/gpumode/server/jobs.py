@@ -30,6 +30,7 @@ from gpumode.cloud.base import (
     CloudError,
     CloudHostSteps,
     CloudPlatform,
+    CloudUnavailable,
     PassthroughAlias,
     SwitchHooks,
     cards_for_snapshot,
@@ -41,7 +42,7 @@ from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.plan import plan_switch
 from gpumode.server import sync
 from gpumode.server.models import Event, HostGroup, Job, Node
-from gpumode.server.schemas import Whitelist
+from gpumode.server.schemas import SwitchIn, Whitelist
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,19 @@ class SwitchOptions:
     passthrough_alias: str | None = None
     vm_policy: VmPolicy = VmPolicy.GPU
 
+    @classmethod
+    def from_body(cls, body: SwitchIn) -> SwitchOptions:
+        """The options of an API or dashboard request body: both read the same :class:`SwitchIn`."""
+        return cls(
+            mode=body.mode,
+            gpus=tuple(body.gpus),
+            vgpu_type=body.vgpu_type,
+            vgpu_count=body.vgpu_count,
+            profile=body.profile,
+            passthrough_alias=body.passthrough_alias,
+            vm_policy=body.vm_policy,
+        )
+
 
 def to_request(options: SwitchOptions, platform: CloudPlatform) -> SwitchRequest:
     """The engine's :class:`SwitchRequest`; a profile becomes its vGPU type and count, an alias must exist."""
@@ -173,15 +187,6 @@ def stored_vms(node: Node) -> list[Vm]:
     ]
 
 
-def store_vms(session: Session, name: str, vms: list[dict[str, Any]]) -> bool:
-    """Keep the VMs a node reported; ``True`` when they differ from those stored (the caller commits)."""
-    node = session.scalars(select(Node).where(Node.name == name)).first()
-    if node is None or node.vms == vms:
-        return False
-    node.vms = vms
-    return True
-
-
 def catalog() -> Catalog:
     """The built-in catalog (GPU models, vGPU types, driver flavours); ``load_catalog`` caches its parse."""
     return load_catalog(None)
@@ -192,12 +197,13 @@ def plan_for_node(
     node: Node,
     request: SwitchRequest,
     whitelist: Whitelist,
-    platform: CloudPlatform | None = None,
+    platform: CloudPlatform,
 ) -> Plan:
     """Plan ``request`` on the node as it last reported itself; :class:`JobError` when it may not run.
 
-    With ``platform``, the host steps it asks for (:meth:`SwitchHooks.host_steps`, e.g. delivering
-    nova-compute's configuration) are part of the plan, so a dry run shows exactly what a job runs.
+    The platform is required, not optional: the host steps it asks for (:meth:`SwitchHooks.host_steps`,
+    e.g. delivering nova-compute's configuration) are part of the plan, so a dry run shows exactly what a
+    job runs, and no caller (a rollout, say) can plan a job that lacks them.
     """
     group = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
     snapshot = HostSnapshot.from_dict(node.snapshot)
@@ -358,7 +364,7 @@ def _finish(job: Job, state: JobState, error: str | None = None) -> None:
         job.error = error
 
 
-def claim_work(session: Session, node: str, platform: CloudPlatform | None = None) -> Job | None:
+def claim_work(session: Session, node: str, platform: CloudPlatform) -> Job | None:
     """The node's job whose host steps are not finished; a queued one becomes running. Commits.
 
     With a platform that has switch hooks, a queued job starts only once the platform is usable and has
@@ -380,7 +386,7 @@ def claim_work(session: Session, node: str, platform: CloudPlatform | None = Non
         return None
     if job.state == JobState.QUEUED.value:
         hooks = switch_hooks(platform)
-        if hooks is not None and not take_hold(session, hooks, job):
+        if hooks is not None and not take_hold(session, platform, hooks, job):
             return None
         job.state = JobState.RUNNING.value
         job.host_state = HostState.RUNNING.value
@@ -396,18 +402,24 @@ def claim_work(session: Session, node: str, platform: CloudPlatform | None = Non
 #   {"taking": iso}                    before_switch is running (another claim must not start it twice)
 #   {"hold": {...}, "released": bool,  before_switch's hold; released once after_switch ran,
 #    "problems": [...]}                with what it could not undo
+# and, once the host steps are done (:func:`run_cloud_steps`), the tries at the cloud steps:
+#   "cloud_since": iso, "attempts": n  when the first try ran, how many ran
+#   "retry_after_s": s                 the platform is away: the agent asks again after this long
+#   "undo": {"reason", "at"}           the cloud steps failed for good: the agent undoes the host's run
+#   "restore_since", "restore_attempts" after that undo: putting the cloud's picture of the host back
 
 
-def take_hold(session: Session, hooks: SwitchHooks, job: Job) -> bool:
+def take_hold(session: Session, platform: CloudPlatform, hooks: SwitchHooks, job: Job) -> bool:
     """Wait for the platform, then run ``before_switch`` and store its hold. Commits. False: not now (the
-    job waits, or it ended because the platform refused or stayed away too long)."""
+    job waits, or it ended because the platform refused or stayed away too long). ``hooks`` is
+    ``platform``'s :func:`switch_hooks`; the platform itself plans the rollout's next job if this one ends."""
     record = dict(job.cloud or {})
     if "taking" in record or "hold" in record:
         session.rollback()  # another request is taking the hold right now
         return False
     why = hooks.ready()
     if why is not None:
-        _wait_for_cloud(session, hooks, job, record, why)
+        _wait_for_cloud(session, platform, hooks, job, record, why)
         return False
     job.cloud = {"taking": now().isoformat()}
     session.commit()  # marks the job before the (slow) platform calls, and lets go of its row
@@ -419,7 +431,7 @@ def take_hold(session: Session, hooks: SwitchHooks, job: Job) -> bool:
         job.cloud = {}
         if JobState(job.state) is JobState.QUEUED:
             _finish(job, JobState.FAILED, f"the cloud platform did not let the switch start: {exc}")
-            _ended(session, job)
+            ended(session, job, platform)
         session.commit()
         return False
     session.refresh(job, with_for_update=True)
@@ -432,7 +444,9 @@ def take_hold(session: Session, hooks: SwitchHooks, job: Job) -> bool:
     return True
 
 
-def _wait_for_cloud(session: Session, hooks: SwitchHooks, job: Job, record: dict[str, Any], why: str) -> None:
+def _wait_for_cloud(
+    session: Session, platform: CloudPlatform, hooks: SwitchHooks, job: Job, record: dict[str, Any], why: str
+) -> None:
     stamp = now()
     since = record.get("waiting_since") or stamp.isoformat()
     waited = (stamp - datetime.fromisoformat(since)).total_seconds()
@@ -443,7 +457,7 @@ def _wait_for_cloud(session: Session, hooks: SwitchHooks, job: Job, record: dict
             JobState.FAILED,
             f"gave up after waiting {waited:.0f}s for the cloud platform; nothing was changed: {why}",
         )
-        _ended(session, job)
+        ended(session, job, platform)
     else:
         job.cloud = {"waiting_since": since}
         job.error = f"waiting for the cloud platform before starting (since {since}): {why}"
@@ -478,12 +492,14 @@ def _end(platform: CloudPlatform, job: Job, state: JobState, error: str | None =
         release_hold(hooks, job, succeeded=state is JobState.SUCCEEDED)
 
 
-def _ended(session: Session, job: Job) -> None:
-    """The event and the rollout's next move for a job that ended outside an API call that does them."""
+def ended(session: Session, job: Job, platform: CloudPlatform, note: str | None = None) -> None:
+    """What follows a job's end, wherever it ended (an API call, the dashboard, the platform refusing): its
+    event, and its rollout's next move (planned with ``platform``, so the next job has the platform's host
+    steps too). The caller commits."""
     from gpumode.server import rollouts  # rollouts builds on this module
 
-    session.add(ended_event(job))
-    rollouts.after_job(session, job)
+    session.add(ended_event(job, note))
+    rollouts.after_job(session, job, platform)
 
 
 def cancel(session: Session, job: Job, by: str) -> None:
@@ -498,8 +514,11 @@ def cancel(session: Session, job: Job, by: str) -> None:
         job.steps = list(job.steps)
         _finish(job, JobState.CANCELLED, f"cancelled by {by} before it started")
         return
+    if job.host_state == HostState.DONE.value:  # its cloud steps are waiting for the platform
+        _undo_host(job, f"cancelled by {by} while the cloud steps waited")
+        return
     if job.host_state != HostState.RUNNING.value:
-        raise JobConflict(f"job {job.id}: the host steps are over; only its cloud steps are left")
+        raise JobConflict(f"job {job.id}: the host was put back; the cloud's picture of it is being restored")
     job.cancel_requested = True
     job.error = f"cancel requested by {by}"
     job.updated_at = now()
@@ -554,8 +573,12 @@ def _checkpoint(hooks: SwitchHooks, job: Job, reports: Sequence[StepReport]) -> 
         if report.state is StepState.DONE and params.get(report.step, {}).get("checkpoint"):
             why = hooks.ready()
             if why is not None:
+                # nova-compute may already have reported the new inventory: once the host is back, the
+                # cloud's picture of it is put back too (:func:`restore_cloud`)
+                reason = f"the cloud platform failed mid-switch (after step {report.step}): {why}"
+                job.cloud = {**(job.cloud or {}), "undo": {"reason": reason, "at": now().isoformat()}}
                 job.cancel_requested = True
-                job.error = f"the cloud platform failed mid-switch (after step {report.step}): {why}"
+                job.error = reason
                 return
 
 
@@ -567,8 +590,19 @@ def host_finished(
         raise JobError("bad_result", f"a host result must be done, rolled_back or failed, not {result.value}")
     job.host_state = result.value
     job.updated_at = now()
+    undo = (job.cloud or {}).get("undo")
+    if result is HostState.DONE and undo is not None:
+        # the platform failed at a checkpoint, but the agent ended its run before it heard: undo the run
+        _undo_host(job, str(undo["reason"]))
+        return
     if result is HostState.DONE:
         run_cloud_steps(session, platform, job)
+        return
+    if undo is not None and result is HostState.ROLLED_BACK:
+        restore_cloud(session, platform, job)
+        return
+    if undo is not None:
+        _end(platform, job, JobState.FAILED, f"{undo['reason']}; putting the host back failed: {error}")
         return
     cancelled = job.cancel_requested and result is HostState.ROLLED_BACK
     why = (job.error + "; the host was rolled back") if cancelled and job.error else error
@@ -579,8 +613,14 @@ def host_finished(
 
 
 def run_cloud_steps(session: Session, platform: CloudPlatform, job: Job) -> None:
-    """Run the job's cloud steps in order against the node's stored (freshly reported) snapshot, then end
-    the job."""
+    """One try at the job's cloud steps, in order, against the node's stored (freshly reported) snapshot.
+
+    All done: the job succeeds. The platform away for now (:class:`CloudUnavailable`: unreachable, 5xx,
+    conflicts, inventory not shown yet): the step says so and what is left of the platform's
+    ``retry_timeout_s``, and the job waits for the agent's next ask (:func:`retry_after`). The platform
+    failing for good, or that time running out: the agent is asked to undo the host's run
+    (:func:`_undo_host`). A host that does not show the planned modes fails the job as it is.
+    """
     node = session.get(Node, job.node_id)
     if node is None:
         _end(platform, job, JobState.FAILED, f"node {job.node} was removed before its cloud steps ran")
@@ -588,32 +628,162 @@ def run_cloud_steps(session: Session, platform: CloudPlatform, job: Job) -> None
     snapshot = HostSnapshot.from_dict(node.snapshot)
     plan_steps = {s["id"]: s for s in job.plan["steps"]}
     steps = [dict(s) for s in job.steps]
-    failure: str | None = None
+    record, attempt, left = _next_try(platform, job, "cloud_since", "attempts")
+    failure: CloudStepError | None = None
+    failed_id = ""
     for step in steps:
         if step["where"] != "cloud" or step["state"] in (StepState.DONE.value, StepState.SKIPPED.value):
             continue
-        step["started_at"] = now().isoformat()
+        step["started_at"] = step["started_at"] or now().isoformat()
         if failure is not None:
             step["state"], step["note"] = StepState.SKIPPED.value, "an earlier cloud step failed"
-            step["finished_at"] = step["started_at"]
+            step["finished_at"] = now().isoformat()
             continue
         params = plan_steps[step["id"]]["params"]
         try:
             step["note"] = _cloud_step(platform, snapshot, step["action"], params, job)
-            step["state"] = StepState.DONE.value
+            step["state"], step["error"] = StepState.DONE.value, None
+        except CloudStepWait as exc:
+            if left > 0:
+                step["state"], step["error"] = StepState.RUNNING.value, None
+                step["note"] = f"{exc}; attempt {attempt}, retrying for {_duration(left)} more"
+                job.steps = steps
+                job.cloud = {**record, "retry_after_s": _backoff(platform, attempt, left)}
+                job.error = f"{WAITING} (step {step['id']}): {step['note']}"
+                job.updated_at = now()
+                return
+            failure = CloudStepError(f"gave up after {attempt} attempt(s): {exc}", undo_host=True)
         except CloudStepError as exc:
-            step["state"], step["error"] = StepState.FAILED.value, str(exc)
-            failure = f"cloud step {step['id']} failed: {exc}"
+            failure = exc
+        if failure is not None:
+            step["state"], step["error"] = StepState.FAILED.value, str(failure)
+            failed_id = step["id"]
         step["finished_at"] = now().isoformat()
     job.steps = steps
-    if failure is not None:
-        _end(platform, job, JobState.FAILED, failure)
-    else:
+    job.cloud = {k: v for k, v in record.items() if k != "retry_after_s"}
+    if job.error and job.error.startswith(WAITING):
+        job.error = None  # the platform came back
+    if failure is None:
         _end(platform, job, JobState.SUCCEEDED)
+    elif failure.undo_host:
+        _undo_host(job, f"cloud step {failed_id} failed after the host steps: {failure}")
+    else:
+        _end(platform, job, JobState.FAILED, f"cloud step {failed_id} failed: {failure}")
+
+
+WAITING = "waiting for the cloud platform after the host steps"
+
+
+def _next_try(
+    platform: CloudPlatform, job: Job, since_key: str, count_key: str
+) -> tuple[dict[str, Any], int, float]:
+    """Count one more try; returns the job's cloud record, the try's number and the seconds left of the
+    platform's ``retry_timeout_s`` since the first try."""
+    record = dict(job.cloud or {})
+    stamp = now()
+    since = record.setdefault(since_key, stamp.isoformat())
+    attempt = int(record.get(count_key, 0)) + 1
+    record[count_key] = attempt
+    hooks = switch_hooks(platform)
+    budget = hooks.retry_timeout_s if hooks is not None else 0.0
+    left = budget - (stamp - datetime.fromisoformat(since)).total_seconds()
+    return record, attempt, left
+
+
+def _backoff(platform: CloudPlatform, attempt: int, left: float) -> float:
+    """Exponential from the platform's poll interval, at most ``MAX_RETRY_AFTER_S`` and never past the
+    deadline (so the last try comes right at it)."""
+    hooks = switch_hooks(platform)
+    base = float(hooks.retry_interval_s) if hooks is not None else 1.0
+    return round(max(0.05, min(base * 2.0 ** (attempt - 1), MAX_RETRY_AFTER_S, left)), 3)
+
+
+MAX_RETRY_AFTER_S = 15.0
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``2m``, ``2m30s``: how long a wait has left, for people."""
+    whole = max(0, round(seconds))
+    minutes, secs = divmod(whole, 60)
+    if not minutes:
+        return f"{secs}s"
+    return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+
+
+def retry_after(job: Job) -> float | None:
+    """When the agent should ask again: while the job waits for the cloud platform (host steps over), else
+    None."""
+    waiting = job.host_state in (HostState.DONE.value, HostState.ROLLED_BACK.value)
+    if not JobState(job.state).active or not waiting:
+        return None
+    value = (job.cloud or {}).get("retry_after_s")
+    return float(value) if value is not None else None
+
+
+def continue_cloud(session: Session, platform: CloudPlatform, job: Job) -> None:
+    """The agent asks again about a job whose host part is over: one more try at what the server still does
+    (the cloud steps, or putting the cloud's picture back after the host was undone)."""
+    if job.host_state == HostState.DONE.value:
+        run_cloud_steps(session, platform, job)
+    elif job.host_state == HostState.ROLLED_BACK.value and "undo" in (job.cloud or {}):
+        restore_cloud(session, platform, job)
+
+
+def _undo_host(job: Job, reason: str) -> None:
+    """Ask the agent to undo the host's finished run: the job runs again on the host (``cancel_requested``),
+    and ends ``rolled_back`` once the agent reports the run undone and the cloud is put back. Nothing half
+    done stays in the cloud: a failed try of the cloud steps undoes its own writes."""
+    record = {k: v for k, v in (job.cloud or {}).items() if k != "retry_after_s"}
+    job.cloud = {**record, "undo": {"reason": reason, "at": now().isoformat()}}
+    job.host_state = HostState.RUNNING.value
+    job.cancel_requested = True
+    job.error = f"{reason}; rolling the host back"
+    job.updated_at = now()
+
+
+def restore_cloud(session: Session, platform: CloudPlatform, job: Job) -> None:
+    """After the host's run was undone: make the cloud show the host as it is again (the platform's card
+    setup for the restored modes, e.g. Placement's traits and aggregates), then end the job ``rolled_back``.
+    Waits for the platform like the cloud steps do; giving up still ends the job, saying what is left."""
+    reason = str((job.cloud or {})["undo"]["reason"])
+    hooks = switch_hooks(platform)
+    node = session.get(Node, job.node_id)
+    if hooks is None or node is None:
+        _end(platform, job, JobState.ROLLED_BACK, f"{reason}; the host was rolled back")
+        return
+    record, attempt, left = _next_try(platform, job, "restore_since", "restore_attempts")
+    try:
+        hooks.set_up_cards(HostSnapshot.from_dict(node.snapshot), delivered=True, wait=False)
+    except CloudUnavailable as exc:
+        if left > 0:
+            job.cloud = {**record, "retry_after_s": _backoff(platform, attempt, left)}
+            job.error = (
+                f"{reason}; the host was rolled back; putting the cloud's picture of it back: {exc}; "
+                f"attempt {attempt}, retrying for {_duration(left)} more"
+            )
+            job.updated_at = now()
+            return
+        problem = f"the cloud still shows the switch after {attempt} attempt(s): {exc}"
+    except CloudError as exc:
+        problem = f"putting the cloud's picture of it back failed: {exc}"
+    else:
+        problem = ""
+    job.cloud = {k: v for k, v in record.items() if k != "retry_after_s"}
+    tail = f"; {problem} (the next hardware sync puts it right)" if problem else ""
+    _end(platform, job, JobState.ROLLED_BACK, f"{reason}; the host was rolled back{tail}")
 
 
 class CloudStepError(RuntimeError):
-    """A cloud step found the platform or the host not as the plan expects."""
+    """A cloud step found the platform or the host not as the plan expects. ``undo_host``: the platform
+    failed (not the host), so the host's run is undone rather than left switched."""
+
+    def __init__(self, message: str, *, undo_host: bool = False) -> None:
+        super().__init__(message)
+        self.undo_host = undo_host
+
+
+class CloudStepWait(RuntimeError):
+    """The platform cannot do the step now but may later (:class:`CloudUnavailable`)."""
 
 
 def _cloud_step(
@@ -626,10 +796,12 @@ def _cloud_step(
             return note
         try:
             setup = hooks.set_up_cards(
-                snapshot, alias=job.request.get("passthrough_alias"), delivered=_delivered(job)
+                snapshot, alias=job.request.get("passthrough_alias"), delivered=_delivered(job), wait=False
             )
+        except CloudUnavailable as exc:
+            raise CloudStepWait(str(exc)) from exc
         except CloudError as exc:
-            raise CloudStepError(str(exc)) from exc
+            raise CloudStepError(str(exc), undo_host=True) from exc
         return "; ".join(x for x in (note, setup) if x)
     if action == "cloud.deploy_env":
         return _deploy_env(platform, snapshot, params)
@@ -699,17 +871,19 @@ def _deploy_env(platform: CloudPlatform, snapshot: HostSnapshot, params: dict[st
 
 
 def recover(session: Session, platform: CloudPlatform) -> list[int]:
-    """At server start: finish the cloud steps of jobs whose host part ended while no server was there."""
+    """At server start: try the cloud steps of jobs whose host part ended while no server was there (and
+    the cloud's picture of hosts put back meanwhile); a try that has to wait leaves the rest to the agent's
+    next ask."""
+    over = [HostState.DONE.value, HostState.ROLLED_BACK.value]
     ids = list(
-        session.scalars(
-            select(Job.id).where(Job.state == JobState.RUNNING.value, Job.host_state == HostState.DONE.value)
-        )
+        session.scalars(select(Job.id).where(Job.state == JobState.RUNNING.value, Job.host_state.in_(over)))
     )
     for job_id in ids:
         job = get_job(session, job_id, lock=True)
-        if job.state == JobState.RUNNING.value and job.host_state == HostState.DONE.value:
-            run_cloud_steps(session, platform, job)
-            session.add(ended_event(job, note="cloud steps finished after a server restart"))
+        if job.state == JobState.RUNNING.value and job.host_state in over:
+            continue_cloud(session, platform, job)
+            if not JobState(job.state).active:
+                ended(session, job, platform, note="cloud steps finished after a server restart")
         session.commit()
     _recover_holds(session, platform)
     return ids

@@ -48,6 +48,12 @@ class OpenStackConfig(BaseModel):
     restart_command: list[str] = Field(default_factory=lambda: ["systemctl", "restart", "nova-compute"])
     pci_in_placement: bool = Field(default=False, description="nova's [pci] report_in_placement")
     inventory_timeout_s: float = Field(default=300.0, gt=0)
+    placement_retry_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="after a job's host steps: how long its cloud steps keep trying while Placement is away "
+        "(unreachable, 5xx, conflicts, the new inventory not shown yet) before the host is rolled back",
+    )
     poll_interval_s: float = Field(default=2.0, gt=0)
 
     vm_action: VmAction = "stop"

@@ -2,10 +2,11 @@
 runs them (the server cannot write a remote host's files).
 
 The drop-in must describe the host *after* the switch, but the plan is made before it: :func:`predict` applies
-the plan's effect to the snapshot (each GPU's new mode, the mdevs its ``vgpu.create`` steps make) and
-:func:`~gpumode.cloud.openstack.novaconf.render_dropin` renders that. nova-compute reads the file only when it
-starts, so a restart follows; the restart is a ``checkpoint``: when the agent reports it done, the server
-checks that Placement is there before the switch goes on (:mod:`gpumode.server.jobs`).
+the plan's effect to the snapshot (each GPU's new mode, the VFs its ``sriov.enable`` steps make, the mdevs its
+``vgpu.create`` steps make) and :func:`~gpumode.cloud.openstack.novaconf.render_dropin` renders that.
+nova-compute reads the file only when it starts, so a restart follows; the restart is a ``checkpoint``: when
+the agent reports it done, the server checks that Placement is there before the switch goes on
+(:mod:`gpumode.server.jobs`).
 
 Three steps, so that a rollback leaves nova-compute running the old configuration on the old host:
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from gpumode.cloud.base import CloudHostSteps
 from gpumode.cloud.openstack.http import OpenStackError
-from gpumode.domain import HostSnapshot, Mdev, Plan, Step
+from gpumode.domain import HostSnapshot, Mdev, PciAddress, PciFunction, Plan, SriovLayoutError, Step
 
 RESTART_TARGET = "nova-compute"
 ROLLBACK_TARGET = "nova-compute-rollback"
@@ -27,10 +28,12 @@ NOTHING = ["true"]  # the forward half of a step that exists for its undo only
 
 
 def predict(plan: Plan, snapshot: HostSnapshot) -> HostSnapshot:
-    """The host as the plan leaves it, as far as nova's configuration needs: GPU modes and mdevs.
+    """The host as the plan leaves it, as far as nova's configuration needs: GPU modes, VFs and mdevs.
 
-    Raises :class:`OpenStackError` for a vGPU whose parent VF does not exist yet: its address is unknown
-    until SR-IOV is enabled, and nova's ``device_addresses`` must name it.
+    VFs that ``sriov.enable`` makes are placed where the kernel will put them (from the PF's ``sriov_offset``
+    and ``sriov_stride``), since nova's ``device_addresses`` must name them. Raises :class:`OpenStackError`
+    for a vGPU on a VF whose address cannot be known (a snapshot without offset and stride, from an older
+    agent).
     """
     after = HostSnapshot.from_dict(snapshot.to_dict())
     touched = {a: new for a, (_, new) in plan.impact.gpus.items()}
@@ -41,13 +44,41 @@ def predict(plan: Plan, snapshot: HostSnapshot) -> HostSnapshot:
         for fn in after.functions:
             fn.mdevs = [m for m in fn.mdevs if m.uuid not in gone]
         gpu.mode, gpu.mdevs, gpu.vgpus = touched[gpu.address], [], []
+    unknown: dict[str, str] = {}  # PF -> why its VFs' addresses cannot be known
     for step in plan.steps:
-        if step.action == "vgpu.create":
-            _add_vgpu(after, step)
+        if step.action == "sriov.enable":
+            try:
+                _enable_vfs(after, step)
+            except SriovLayoutError as exc:
+                unknown[step.target] = exc.reason
+        elif step.action == "vgpu.create":
+            _add_vgpu(after, step, unknown)
     return after
 
 
-def _add_vgpu(after: HostSnapshot, step: Step) -> None:
+def _enable_vfs(after: HostSnapshot, step: Step) -> None:
+    """Add the VFs ``sriov.enable`` makes, at the addresses the kernel will give them."""
+    pf = after.function(step.target)
+    if pf is None or pf.sriov is None:
+        raise SriovLayoutError(step.target, "the snapshot does not list it as an SR-IOV PF")
+    addresses = pf.vf_addresses(int(step.params["num_vfs"]))
+    existing = {fn.address for fn in after.functions}
+    for address in addresses:
+        if address not in existing:
+            after.functions.append(
+                PciFunction(
+                    address, pf.vendor, pf.device, pf.subsystem_vendor, pf.subsystem_device, pf.class_code,
+                    pf.revision, numa_node=pf.numa_node, driver=pf.driver, physfn=pf.address,
+                )
+            )  # fmt: skip
+    after.functions.sort(key=lambda fn: PciAddress.parse(fn.address))
+    pf.sriov.num_vfs, pf.sriov.vfs = len(addresses), list(addresses)
+    gpu = after.gpu(pf.address)
+    if gpu is not None:
+        gpu.vfs = list(addresses)
+
+
+def _add_vgpu(after: HostSnapshot, step: Step, unknown: dict[str, str]) -> None:
     gpu = after.gpu(step.target)
     if gpu is None:
         raise OpenStackError(f"the plan creates a vGPU on {step.target}, which the host does not list")
@@ -57,10 +88,10 @@ def _add_vgpu(after: HostSnapshot, step: Step) -> None:
         pf = after.function(step.target)
         vfs = pf.sriov.vfs if pf is not None and pf.sriov is not None else []
         if int(index) >= len(vfs):
+            why = unknown.get(step.target, "the plan does not enable them")
             raise OpenStackError(
-                f"GPU {step.target}: its vGPUs go on SR-IOV VFs that do not exist yet, so the nova-compute "
-                "drop-in cannot name them when planning; enable SR-IOV on it first (a vGPU switch of the "
-                "GPU in the same layout), then switch"
+                f"GPU {step.target}: its vGPUs go on SR-IOV VFs that do not exist yet, and the nova-compute "
+                f"drop-in must name them: {why}"
             )
         parent = vfs[int(index)]
     if step.params.get("interface") == "vendor":

@@ -7,6 +7,7 @@ lookup, microversions and error mapping live in one place.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from keystoneauth1 import adapter, session
@@ -96,7 +97,7 @@ class ServiceClient:
         try:
             resp = self.adapter.request(path, method, **kwargs)
         except (ks_exc.ConnectionError, ks_exc.EndpointNotFound, ks_exc.ClientException) as exc:
-            raise ServiceError(self.name, method, path, 0, str(exc) or type(exc).__name__) from exc
+            raise ServiceError(self.name, method, path, 0, _unreachable_cause(exc)) from exc
         data: Any = None
         if resp.content:
             try:
@@ -106,6 +107,17 @@ class ServiceClient:
         if resp.status_code not in ok:
             raise ServiceError(self.name, method, path, resp.status_code, _error_detail(data))
         return resp.status_code, data
+
+
+def _unreachable_cause(exc: Exception) -> str:
+    """The cause in a few words (``connection refused``, ``timed out``), not urllib3's whole chain."""
+    if isinstance(exc, (ks_exc.ConnectTimeout, ks_exc.RequestTimeout)):
+        return "timed out"
+    text = str(exc) or type(exc).__name__
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno:
+        return errno.group(1).strip().lower()
+    return text.split(": HTTPConnectionPool")[0].split(": HTTPSConnectionPool")[0]
 
 
 def _error_detail(data: Any) -> str:

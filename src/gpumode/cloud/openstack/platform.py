@@ -25,9 +25,11 @@ from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import (
     Card,
+    CardCounts,
     CardSpec,
     CardStatus,
     CloudHostSteps,
+    CloudUnavailable,
     Drift,
     PassthroughAlias,
     VgpuProfile,
@@ -120,6 +122,12 @@ class OpenStackPlatform:
     ) -> Card:
         return self.embedded.update_card(card_id, status=status, holder=holder, clear_holder=clear_holder)
 
+    def count_cards(self, nodes: Sequence[str] = ()) -> CardCounts:
+        """Counted in gpumode's database, where this platform keeps its cards (above). Placement's usages
+        are per provider and in resource classes, not cards: summing them would cost a call per host and
+        still not say which cards are free or lost."""
+        return self.embedded.count_cards(nodes)
+
     def list_profiles(self) -> list[VgpuProfile]:
         """Cyborg's vGPU device profiles first; gpumode's own fill in names Cyborg does not have.
 
@@ -156,6 +164,14 @@ class OpenStackPlatform:
     @property
     def ready_timeout_s(self) -> float:
         return self.config.inventory_timeout_s
+
+    @property
+    def retry_timeout_s(self) -> float:
+        return self.config.placement_retry_s
+
+    @property
+    def retry_interval_s(self) -> float:
+        return self.config.poll_interval_s
 
     def ready(self) -> str | None:
         """Can Placement be used now? One cheap authenticated read; None when it answered."""
@@ -207,23 +223,60 @@ class OpenStackPlatform:
         return render_dropin(snapshot, aliases=aliases, pci_in_placement=self.config.pci_in_placement)
 
     def set_up_cards(
-        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False
+        self, snapshot: HostSnapshot, *, alias: str | None = None, delivered: bool = False, wait: bool = True
     ) -> str:
         """Card setup for the host's new modes (see the module doc). Placement is only written after it shows
         the expected inventory, and a failed marking is undone, so a failure leaves no half-written marks.
 
         ``delivered``: a switch job's host steps already wrote the drop-in and restarted nova-compute
         (:meth:`host_steps`); otherwise they go through the configured :class:`NodeChannel`.
+        ``wait=False`` (a switch job, which tries again itself): one look instead of polling up to
+        ``inventory_timeout_s``; Placement away, erroring (5xx, 409) or not showing the inventory yet raises
+        :class:`CloudUnavailable`.
         """
         node = snapshot.hostname
         if not delivered:
             self._deliver(snapshot, alias)
         expect = expectation(snapshot, pci_in_placement=self.config.pci_in_placement)
-        self.waiter(self.config.inventory_timeout_s).until(
-            f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
-        )
-        marks = self.mark(expect)
+        if wait:
+            self.waiter(self.config.inventory_timeout_s).until(
+                f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
+            )
+            marks = self.mark(expect)
+        else:
+            marks = self._mark_once(expect)
         return f"nova-compute configured and restarted; {marks.summary()}"
+
+    def _mark_once(self, expect: Expectation) -> MarkResult:
+        """One try at :meth:`set_up_cards`' Placement half; a failure that may pass raises
+        :class:`CloudUnavailable` naming the service, where it is and the cause."""
+        try:
+            missing = self.inventory_missing(expect)
+            if missing is not None:
+                raise CloudUnavailable(
+                    f"waiting for Placement at {self.placement_url()} to show {expect.host}'s GPU inventory: "
+                    f"{missing}"
+                )
+            return self.mark(expect)
+        except OpenStackError as exc:
+            cause = exc if isinstance(exc, ServiceError) else exc.__cause__
+            if isinstance(cause, ServiceError) and transient(cause):
+                where = (
+                    self.placement_url()
+                    if cause.service == "placement"
+                    else (self.config.compute_endpoint or "its catalog endpoint")
+                )
+                raise CloudUnavailable(f"waiting for {_service_name(cause)} at {where}: {exc}") from exc
+            raise
+
+    def placement_url(self) -> str:
+        """Where Placement is, for messages: the configured endpoint, else the catalog's."""
+        if self.config.placement_endpoint:
+            return self.config.placement_endpoint
+        try:
+            return str(self.placement.client.adapter.get_endpoint() or "its catalog endpoint")
+        except Exception:  # the catalog itself is away; the message must still be made
+            return "its catalog endpoint"
 
     def _deliver(self, snapshot: HostSnapshot, alias: str | None) -> None:
         node = snapshot.hostname
@@ -347,6 +400,15 @@ class OpenStackPlatform:
             )
         self.placement.delete_provider(provider.uuid)
         return Drift(provider.name, "stale GPU provider with no allocations; deleted", True)
+
+
+def transient(error: ServiceError) -> bool:
+    """A failure that may pass by itself: unreachable, a timeout, a 5xx, or a generation conflict (409)."""
+    return error.unreachable or error.status == 409
+
+
+def _service_name(error: ServiceError) -> str:
+    return {"placement": "Placement", "nova": "Nova", "cyborg": "Cyborg"}.get(error.service, error.service)
 
 
 def _is_gpu(provider: Provider, host: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from gpumode.server import audit, jobs, rollouts
+from gpumode.server import audit, jobs
 from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
 from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
 from gpumode.server.schemas import JobEventsAck, JobEventsIn, WorkJob, WorkOut
@@ -126,6 +126,7 @@ async def work(
 @router.post(
     "/jobs/{job_id}/events",
     response_model=JobEventsAck,
+    response_model_exclude_none=True,
     summary="The agent reports its steps, and at the end the host's result (its node token only)",
 )
 def events(
@@ -158,16 +159,21 @@ def events(
             jobs.apply_step_reports(job, reports, platform)
             if body.host is not None:
                 jobs.host_finished(session, platform, job, jobs.HostState(body.host.result), body.host.error)
-        elif job.host_state == jobs.HostState.DONE.value:
-            # the host part was recorded but the cloud steps did not finish (a server died): finish them now
-            jobs.run_cloud_steps(session, platform, job)
+        else:
+            # the host part is over: the cloud steps wait for the platform (or a server died before they
+            # ran), or the cloud's picture of an undone host is being put back: one more try
+            jobs.continue_cloud(session, platform, job)
     except jobs.JobError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
     detail: dict[str, Any] = {"steps": len(reports)}
     if body.host is not None:
         detail["host"] = body.host.result
     if not jobs.JobState(job.state).active:
-        session.add(jobs.ended_event(job))
-        rollouts.after_job(session, job)
+        jobs.ended(session, job, platform)
     audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"{detail} -> {job.state}")
-    return JobEventsAck(job=job.id, state=job.state, cancel_requested=job.cancel_requested)
+    return JobEventsAck(
+        job=job.id,
+        state=job.state,
+        cancel_requested=job.cancel_requested,
+        retry_after_s=jobs.retry_after(job),
+    )

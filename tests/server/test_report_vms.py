@@ -13,6 +13,7 @@ import pytest
 from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, MetaData, Table, create_engine, event, insert, select, text
+from sqlalchemy.exc import OperationalError
 
 from gpumode.server import db
 from gpumode.server.app import create_app
@@ -133,3 +134,26 @@ def test_migration_0004_back_fills_the_vms_digest(empty: Engine) -> None:
     assert digests["with-vms"] != digests["empty-vms"]
     command.downgrade(config, "0003")
     command.upgrade(config, "head")
+
+
+def test_a_locked_sqlite_file_sends_the_unchanged_check_to_a_worker_thread(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the unchanged check runs on the event loop with a reader that gives up quickly; when the file
+    is locked it must fall back to the worker-thread path and still answer, not fail the report."""
+    state = api.client.app.state.gpumode  # type: ignore[attr-defined]
+    if state.inline_reader is None:
+        pytest.skip("the event-loop reader exists only for a SQLite file")
+    token = api.join("n-locked")
+    body = host("n-locked").to_dict()
+    assert api.report("n-locked", token, body).status_code == 200  # the body is now known to this process
+
+    def locked() -> Any:
+        raise OperationalError("SELECT 1", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(state.inline_reader, "connect", locked)
+    api.writes.writes.clear()
+    r = api.report("n-locked", token, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["changed"] is False
+    assert api.writes.writes == []

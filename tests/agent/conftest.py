@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +19,14 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from gpumode.host.emulated.create import create_host
 from gpumode.host.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.server import db
 from gpumode.server.auth import Role, create_user_token
+from host_templates import emulated_host
 
 PG_BASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 GPUMODE = [sys.executable, "-c", "from gpumode.cli.main import app; app()"]
-_TEMPLATES: dict[str, Path] = {}
 
 
 def _postgres_available() -> bool:
@@ -167,11 +164,12 @@ class Agent:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> None:
+    def start(self, env: dict[str, str] | None = None, options: Sequence[str] = ()) -> None:
+        """Start the agent; ``options`` go on its command line (``--no-desired``)."""
         argv = [
             *GPUMODE, "agent", "--server", self.server.url, "--token", self.token,
             "--root", str(self.host.root), "--check", "0.3", "--wait", "2", "--max-backoff", "0.5",
-            "--interval", "30",
+            "--interval", "30", *options,
         ]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **(env or {})})
@@ -212,17 +210,5 @@ def agents(server: Server, tmp_path: Path) -> Iterator[Callable[[Host], Agent]]:
 
 
 def emulated(fixture: str | HostSpec, directory: Path, key: str | None = None) -> Host:
-    """A fresh emulated host: a copy of one built once per test session."""
-    name = key or (fixture if isinstance(fixture, str) else fixture.name)
-    template = _TEMPLATES.get(name)
-    if template is None:
-        template = Path(tempfile.mkdtemp(prefix="gpumode-agent-tpl-")) / "host"
-        create_host(fixture, template)
-        _TEMPLATES[name] = template
-    shutil.copytree(template, directory, symlinks=True)
-    return Host(directory)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    for template in _TEMPLATES.values():
-        shutil.rmtree(template.parent, ignore_errors=True)
+    """A fresh emulated host: a copy of one built once per test session (``tests/host_templates.py``)."""
+    return emulated_host(fixture, directory, key)

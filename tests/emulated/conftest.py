@@ -4,6 +4,7 @@ host/emulated/fixtures/."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from gpumode.host.emulated.build import create_kernel_tree
 from gpumode.host.emulated.kernel import EmulatedKernel
 from gpumode.host.emulated.modules import nvidia_module_files
 from gpumode.host.emulated.spec import DeviceSpec, GpuModelSpec, HostSpec, VgpuTypeSpec
+from host_templates import HostTemplates
 
 H100 = "0000:01:00.0"
 VGA = "0000:02:00.0"
@@ -130,15 +132,22 @@ def build(root: Path, spec: HostSpec, flavour: str | None = "datacenter") -> Emu
 
 
 @pytest.fixture
-def dc(tmp_path: Path) -> EmulatedKernel:
+def dc(tmp_path: Path, host_templates: HostTemplates) -> EmulatedKernel:
     """Data-center driver loaded, every GPU bound to nvidia."""
-    return build(tmp_path / "host", make_spec("datacenter"))
+    build_dc = partial(_build_into, flavour="datacenter")
+    return EmulatedKernel(host_templates.copy("kernel-datacenter", build_dc, tmp_path / "host"))
 
 
 @pytest.fixture
-def vgpu(tmp_path: Path) -> EmulatedKernel:
+def vgpu(tmp_path: Path, host_templates: HostTemplates) -> EmulatedKernel:
     """vGPU manager loaded, every GPU bound to nvidia."""
-    return build(tmp_path / "host", make_spec("vgpu"), "vgpu")
+    build_vgpu = partial(_build_into, flavour="vgpu")
+    return EmulatedKernel(host_templates.copy("kernel-vgpu", build_vgpu, tmp_path / "host"))
+
+
+def _build_into(root: Path, flavour: str) -> None:
+    """The template of ``dc`` / ``vgpu``: built once per session, each test gets a copy of it."""
+    build(root, make_spec(flavour), flavour)
 
 
 def read(kernel: EmulatedKernel, relpath: str) -> str:

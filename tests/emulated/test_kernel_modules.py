@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import H100, L40S, NV_VERSION, T4, build, dev, make_spec, read
 
+from conftest import H100, L40S, NV_VERSION, T4, build, dev, make_spec, read
 from gpumode.host.emulated import modules
 from gpumode.host.emulated.kernel import EmulatedKernel
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import H100, HDA, L40S, L40S_VF0, NIC, T4, VGA, build, dev, make_spec
 
+from conftest import H100, HDA, L40S, L40S_VF0, NIC, T4, VGA, build, dev, make_spec
 from gpumode.host.emulated import kernel as kernel_mod
 from gpumode.host.emulated import state as state_mod
 from gpumode.host.emulated import sysfs

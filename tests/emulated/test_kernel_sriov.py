@@ -6,8 +6,8 @@ import errno
 import os
 
 import pytest
-from conftest import L40S, NIC, dev, read
 
+from conftest import L40S, NIC, dev, read
 from gpumode.host.emulated.kernel import EmulatedKernel
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import H100, HDA, NIC, NV_VERSION, VGA, build, dev, make_spec, read
 
+from conftest import H100, HDA, NIC, NV_VERSION, VGA, build, dev, make_spec, read
 from gpumode.host.emulated.build import SpecError, create_kernel_tree
 from gpumode.host.emulated.kernel import EmulatedKernel
 from gpumode.host.emulated.spec import DeviceSpec

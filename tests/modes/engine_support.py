@@ -4,15 +4,12 @@ process."""
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +17,17 @@ from gpumode.domain import Mode, SwitchRequest
 from gpumode.host.discover import discover
 from gpumode.host.root import Host
 from gpumode.host.vms import open_hypervisor
+from host_templates import emulated_host
 
 FIXTURES = ("hgx-h100", "a16-vdi", "l40s-sriov", "t4-mdev", "rtx-workstation")
 BRIDGE_CLASSES = frozenset({0x0600, 0x0604, 0x0609})
 VFIO = "vfio-pci"
 
 
-_TEMPLATES: dict[str, Path] = {}
-
-
 def make_host(directory: Path, fixture: str) -> Host:
     """A fresh emulated host of ``fixture`` at ``directory``: a copy of one built once per test session
     (building a fixture takes seconds; copying its tree is what every test can afford)."""
-    from gpumode.host.emulated.create import create_host
-
-    template = _TEMPLATES.get(fixture)
-    if template is None:
-        template = Path(tempfile.mkdtemp(prefix=f"gpumode-tpl-{fixture}-")) / "host"
-        create_host(fixture, template)
-        atexit.register(shutil.rmtree, template.parent, True)
-        _TEMPLATES[fixture] = template
-    shutil.copytree(template, directory, symlinks=True)
-    return Host(directory)
+    return emulated_host(fixture, directory)
 
 
 def reboot(host: Host) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -17,27 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
+from databases import postgres_schema
 from gpumode.host.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.server import db
 from gpumode.server.auth import Role, create_user_token
 from host_templates import emulated_host
 
-PG_BASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 GPUMODE = [sys.executable, "-c", "from gpumode.cli.main import app; app()"]
-
-
-def _postgres_available() -> bool:
-    try:
-        probe = create_engine(PG_BASE, connect_args={"connect_timeout": 2})
-        with probe.connect():
-            pass
-        probe.dispose()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -45,18 +32,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield str(tmp_path / "gpumode.db")
         return
-    if not _postgres_available():
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
-    schema = f"gpumode_agent_{secrets.token_hex(4)}"
-    admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{PG_BASE}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("gpumode_agent") as url:
+        yield url
 
 
 def free_port() -> int:

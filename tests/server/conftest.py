@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, event
 
+from databases import postgres_schema
 from gpumode.server import db
 from gpumode.server.app import create_app
 from gpumode.server.auth import Role, create_user_token
@@ -19,35 +19,12 @@ from gpumode.server.settings import Settings
 
 from .builders import host
 
-PG_BASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-def _postgres_available() -> bool:
-    try:
-        probe = create_engine(PG_BASE, connect_args={"connect_timeout": 2})
-        with probe.connect():
-            pass
-        probe.dispose()
-        return True
-    except Exception:
-        return False
-
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh schema in the shared ``test`` database, dropped at the end of the run."""
-    if not _postgres_available():
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
-    schema = f"gpumode_test_{secrets.token_hex(4)}"
-    admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{PG_BASE}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("gpumode_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -3,7 +3,6 @@ and migration 0004 back-fills the digest they are compared by."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,16 +11,17 @@ from typing import Any
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, MetaData, Table, create_engine, event, insert, select, text
+from sqlalchemy import Engine, MetaData, Table, event, insert, select, text
 from sqlalchemy.exc import OperationalError
 
+from databases import empty_database
 from gpumode.server import db
 from gpumode.server.app import create_app
 from gpumode.server.models import Node, vms_digest
 from gpumode.server.settings import Settings
 
 from .builders import host
-from .conftest import PG_BASE, Api, WriteCounter
+from .conftest import Api, WriteCounter
 
 
 def _vm(name: str) -> dict[str, Any]:
@@ -86,28 +86,8 @@ def test_report_without_vms_keeps_the_stored_ones(api: Api) -> None:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """A database without any schema: a SQLite file, or a private PostgreSQL schema dropped afterwards."""
-    if request.param == "sqlite":
-        engine = db.make_engine(str(tmp_path / "gpumode.db"))
+    with empty_database(request.param, tmp_path, "gpumode_vms") as engine:
         yield engine
-        engine.dispose()
-        return
-    admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 2})
-    try:
-        with admin.connect():
-            pass
-    except Exception:
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
-    schema = f"gpumode_vms_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine = db.make_engine(f"{PG_BASE}?options=-csearch_path%3D{schema}")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def test_migration_0004_back_fills_the_vms_digest(empty: Engine) -> None:

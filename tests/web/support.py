@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,19 +10,18 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 
+from databases import empty_database
 from gpumode.host.discover import discover
 from gpumode.host.emulated.create import create_host
 from gpumode.host.emulated.fixtures import get_fixture
-from gpumode.server import db
 from gpumode.server.app import create_app
 from gpumode.server.bootstrap import initialise
 from gpumode.server.settings import Settings
 
 LOOPBACK = ("127.0.0.1", 40000)
 HGX, L40S = "hgx-h100-01", "l40s-node-03"
-PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 @dataclass
@@ -99,25 +97,5 @@ def dash(seed: Seed, tmp_path: Path) -> Iterator[Dash]:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """A database without any schema: a SQLite file, or a private PostgreSQL schema dropped afterwards."""
-    if request.param == "sqlite":
-        engine = db.make_engine(str(tmp_path / "gpumode.db"))
+    with empty_database(request.param, tmp_path, "gpumode_gpus") as engine:
         yield engine
-        engine.dispose()
-        return
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 2})
-    try:
-        with admin.connect():
-            pass
-    except Exception:
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
-    schema = f"gpumode_gpus_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine = db.make_engine(f"{PG}?options=-csearch_path%3D{schema}")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -276,8 +277,23 @@ def test_placement_stopped_mid_switch_rolls_the_job_back(cloud: Cloud) -> None:
     # the host, its nova configuration and Placement are as they were; Nova got its host and VM back
     assert {g.mode.value for g in discover(c.host).gpus} == {"vgpu"}
     assert c.host.path(DROPIN).read_text() == vgpu_dropin
-    wait_for(lambda: c.placement_state() == before, 10, "nova-compute to report the old inventory again")
+    deadline = time.monotonic() + 10
+    while (now := c.placement_state()) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert now == before, placement_difference(c, before, now)  # nova-compute reported the old inventory
     assert c.service()["status"] == "enabled" and vm.status == "ACTIVE"
+
+
+def placement_difference(c: Cloud, before: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs, and what the nova-compute stand-in did: enough to tell a race from a wrong result."""
+    names = before.keys() | now.keys()
+    changed = {n: (before.get(n), now.get(n)) for n in names if before.get(n) != now.get(n)}
+    reporter = c.watch.reporter
+    return (
+        f"Placement differs (provider: before, now): {changed}\n"
+        f"nova-compute reports {c.watch.reports}, failures {c.watch.failures}, "
+        f"skipped {reporter.skipped}, kept {reporter.kept}\n{c.server.log.read_text()[-2000:]}"
+    )
 
 
 def test_placement_away_before_the_start_makes_the_job_wait_then_fail(cloud: Cloud) -> None:

@@ -1,5 +1,5 @@
-// Follows a switch job live: the server sends the job view (and the node's cards) over server-sent events
-// each time they change; this script only paints what it is sent. No polling, no page reload.
+// Follows a switch job live (live.js): the server sends the job view and the node's cards each time they
+// change; this script paints them.
 "use strict";
 
 (function () {
@@ -7,16 +7,7 @@
   if (!root || root.dataset.active !== "yes") return;
   const id = root.dataset.job;
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined && text !== null) e.textContent = text;
-    return e;
-  }
-
-  function badge(state) {
-    return el("span", "state state-" + state, state.replace(/_/g, " "));
-  }
+  const { el, badge, finish, follow } = window.gpumodeLive;
 
   function paintJob(job) {
     const s = document.getElementById("job-state");
@@ -37,10 +28,7 @@
     }
     const cancel = document.getElementById("cancel-form");
     if (cancel && !job.active) cancel.remove();
-    if (!job.active) {
-      document.getElementById("live").classList.add("hidden");
-      root.dataset.active = "no";
-    }
+    if (!job.active) finish(root);
   }
 
   function paintCards(cards) {
@@ -55,13 +43,8 @@
     }));
   }
 
-  const source = new EventSource("/ui/jobs/" + id + "/stream");
-  source.onmessage = function (message) {
-    const data = JSON.parse(message.data);
+  follow(root, "/ui/jobs/" + id + "/stream", function (data) {
     paintJob(data.job);
     paintCards(data.cards);
-  };
-  source.addEventListener("end", function () { source.close(); });
-  // EventSource reconnects by itself after a network error; a closed job needs no reconnecting.
-  source.onerror = function () { if (root.dataset.active === "no") source.close(); };
+  });
 })();

@@ -1,5 +1,5 @@
-// Follows a rollout live: the server sends the rollout view over server-sent events each time a host's job
-// moves; this script only paints what it is sent (the same view the page was rendered from). No reload.
+// Follows a rollout live (live.js): the server sends the rollout view each time a host's job moves; this
+// script paints it (the same view the page was rendered from).
 "use strict";
 
 (function () {
@@ -7,16 +7,7 @@
   if (!root || root.dataset.active !== "yes") return;
   const id = root.dataset.rollout;
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined && text !== null) e.textContent = text;
-    return e;
-  }
-
-  function badge(state) {
-    return el("span", "state state-" + state, state.replace(/_/g, " "));
-  }
+  const { el, badge, finish, follow } = window.gpumodeLive;
 
   function paint(view) {
     const s = document.getElementById("rollout-state");
@@ -39,15 +30,8 @@
       row.querySelector(".member-state").replaceChildren(badge(n.state));
       row.querySelector(".member-error").replaceChildren(n.error ? el("span", "bad-text", n.error) : "");
     }
-    if (!view.active) {
-      document.getElementById("live").classList.add("hidden");
-      root.dataset.active = "no";
-    }
+    if (!view.active) finish(root);
   }
 
-  const source = new EventSource("/ui/rollouts/" + id + "/stream");
-  source.onmessage = function (message) { paint(JSON.parse(message.data)); };
-  source.addEventListener("end", function () { source.close(); });
-  // EventSource reconnects by itself after a network error; a finished rollout needs no reconnecting.
-  source.onerror = function () { if (root.dataset.active === "no") source.close(); };
+  follow(root, "/ui/rollouts/" + id + "/stream", paint);
 })();

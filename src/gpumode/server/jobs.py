@@ -94,6 +94,13 @@ class NotFound(LookupError):
     """A node, profile or alias the request names does not exist."""
 
 
+def refusal_detail(exc: JobError | NotFound) -> dict[str, Any]:
+    """A refusal as the API's 422 body shows it (code, message, choices), an unknown name included."""
+    if isinstance(exc, JobError):
+        return exc.detail()
+    return {"code": "not_found", "message": str(exc), "choices": []}
+
+
 class ActiveJobExists(RuntimeError):
     """The node already has a queued or running job."""
 

@@ -40,20 +40,30 @@ def members(session: Session, group: str) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.group_id == group_id).order_by(Node.name)))
 
 
+class GroupNotPlannable(jobs.JobError):
+    """Some members may not be switched: ``refused`` maps each, in member order, to the reason (the
+    dashboard lists them; the API shows the message, which names them all)."""
+
+    def __init__(self, refused: dict[str, str], plannable: Sequence[str]) -> None:
+        message = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+        super().__init__("not_plannable", message, sorted(plannable))
+        self.refused = refused
+
+
 def plan_all(
     session: Session, nodes: Sequence[Node], request: SwitchRequest, platform: CloudPlatform
 ) -> dict[str, Plan]:
-    """Every member's plan, or :class:`jobs.JobError` naming each member that may not be switched."""
+    """Every member's plan, or :class:`GroupNotPlannable` naming each member that may not be switched."""
     rules = whitelist.load(session)
     plans: dict[str, Plan] = {}
-    refused: list[str] = []
+    refused: dict[str, str] = {}
     for node in nodes:
         try:
             plans[node.name] = jobs.plan_for_node(session, node, request, rules, platform)
         except jobs.JobError as exc:
-            refused.append(f"{node.name}: {exc.message}")
+            refused[node.name] = exc.message
     if refused:
-        raise jobs.JobError("not_plannable", "; ".join(refused), sorted(plans))
+        raise GroupNotPlannable(refused, list(plans))
     return plans
 
 

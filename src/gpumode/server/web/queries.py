@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
 from gpumode.cloud.embedded import as_utc
@@ -262,14 +262,7 @@ def search_events(
 ) -> list[Event]:
     query = select(Event).order_by(Event.id.desc()).limit(limit)
     if q:
-        query = query.where(
-            or_(
-                Event.message.contains(q, autoescape=True),
-                Event.kind.contains(q, autoescape=True),
-                Event.target.contains(q, autoescape=True),
-                Event.node.contains(q, autoescape=True),
-            )
-        )
+        query = query.where(_mentions(q, Event.message, Event.kind, Event.target, Event.node))
     if node:
         query = query.where(Event.node == node)
     if kind:
@@ -287,15 +280,15 @@ def search_audit(
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if q:
         query = query.where(
-            or_(
-                AuditEntry.action.contains(q, autoescape=True),
-                AuditEntry.target.contains(q, autoescape=True),
-                AuditEntry.detail.contains(q, autoescape=True),
-                AuditEntry.actor.contains(q, autoescape=True),
-            )
+            _mentions(q, AuditEntry.action, AuditEntry.target, AuditEntry.detail, AuditEntry.actor)
         )
     if actor:
         query = query.where(AuditEntry.actor == actor)
     if before_id is not None:
         query = query.where(AuditEntry.id < before_id)
     return list(session.scalars(query))
+
+
+def _mentions(text: str, *columns: InstrumentedAttribute[Any]) -> ColumnElement[bool]:
+    """Any of ``columns`` contains ``text`` as typed (``%`` and ``_`` are not wildcards)."""
+    return or_(*(column.contains(text, autoescape=True) for column in columns))

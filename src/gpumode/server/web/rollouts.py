@@ -231,7 +231,7 @@ def _preview(
             if figures.members == 0:
                 raise jobs.JobError("empty_group", f"host group {resolved.group!r} has no nodes")
         except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, values, _error(exc), 422)
+            return _form_page(request, web, session, state, values, jobs.refusal_detail(exc), 422)
         pages = max(1, -(-figures.members // PREVIEW_PAGE))
         current = min(page_no, pages)
         members: list[Member] = []
@@ -265,34 +265,12 @@ def _preview(
         )
 
 
-def _error(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, jobs.JobError):
-        return exc.detail()
-    return {"code": "not_found", "message": str(exc), "choices": []}
-
-
-def _refusals(exc: jobs.JobError, nodes: list[Node]) -> dict[str, Any]:
-    """A whole-group refusal (``not_plannable``) as a list of members and reasons, not hundreds of names run
-    together: :func:`rollouts.plan_all` words it ``"name: reason; name: reason"`` in member order and lists
-    the members that could be switched as its choices."""
-    detail = exc.detail()
-    plannable = set(exc.choices)
-    refused = [n.name for n in nodes if n.name not in plannable]
-    starts = []
-    at = 0
-    for name in refused:
-        at = exc.message.find(f"{name}: ", at)
-        if at < 0:
-            return detail  # not worded as expected: shown as it came
-        starts.append(at)
-        at += len(name) + 2
-    ends = [s - 2 for s in starts[1:]] + [len(exc.message)]
-    lines = [
-        (name, exc.message[s + len(name) + 2 : e]) for name, s, e in zip(refused, starts, ends, strict=True)
-    ]
+def _refusals(exc: rollouts.GroupNotPlannable, nodes: list[Node]) -> dict[str, Any]:
+    """A whole-group refusal as a list of members and reasons, not hundreds of names run together."""
+    lines = list(exc.refused.items())
     return {
-        **detail,
-        "message": f"{len(refused)} of {len(nodes)} hosts may not be switched; nothing was started",
+        **exc.detail(),
+        "message": f"{len(lines)} of {len(nodes)} hosts may not be switched; nothing was started",
         "choices": [],
         "refused": lines[:CONFIRM_NAMED],
         "refused_more": max(0, len(lines) - CONFIRM_NAMED),
@@ -329,11 +307,10 @@ def _confirm(request: Request, web: WebSession, state: ServerState, values: dict
             )
         except (jobs.JobError, jobs.NotFound) as exc:
             session.rollback()
-            error = (
-                _refusals(exc, nodes)
-                if isinstance(exc, jobs.JobError) and exc.code == "not_plannable"
-                else _error(exc)
-            )
+            if isinstance(exc, rollouts.GroupNotPlannable):
+                error = _refusals(exc, nodes)
+            else:
+                error = jobs.refusal_detail(exc)
             return _form_page(request, web, session, state, values, error, 422)
         audit.commit_audited(
             request,

@@ -158,17 +158,11 @@ def _preview(
         try:
             plan = _plan(session, state, node, _validate(values))
         except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, node, values, _error(exc), 422)
+            return _form_page(request, web, session, state, node, values, jobs.refusal_detail(exc), 422)
         session.rollback()
         return page(
             request, web, "preview.html", nav="fleet", node=node, plan=jobs.plan_json(plan), values=values
         )
-
-
-def _error(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, jobs.JobError):
-        return exc.detail()
-    return {"code": "not_found", "message": str(exc), "choices": []}
 
 
 @router.post(UI + "/nodes/{name}/switch", response_model=None)
@@ -186,7 +180,7 @@ def _confirm(
         try:
             plan = _plan(session, state, node, _validate(values))
         except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, node, values, _error(exc), 422)
+            return _form_page(request, web, session, state, node, values, jobs.refusal_detail(exc), 422)
         try:
             job = jobs.create_job(session, node, plan, created_by=web.principal.name)
         except jobs.ActiveJobExists as exc:

@@ -298,7 +298,7 @@ class JobRunner:
 
     def _undo(self, job_id: int, plan: Plan, plan_id: str) -> None:
         """Undo the job's finished run (the server asked: its cloud steps failed for good)."""
-        self._execute(job_id, plan, mode="undo", cancel=True, undo=plan_id)
+        self._execute(job_id, plan, mode="rollback", cancel=True, undo=plan_id)
 
     def _undo_recorded(self, job_id: int) -> None:
         """Undo the run the job record names; without one, or without its journal, nothing can be undone:
@@ -314,6 +314,8 @@ class JobRunner:
         self._undo(job_id, plan, finished.plan_id)
 
     def _execute(self, job_id: int, plan: Plan, *, mode: str, cancel: bool, undo: str = "") -> None:
+        """Run ``plan`` as ``mode`` says (apply, resume, rollback), or with ``undo`` (a finished run's plan
+        id) undo that run, and report the result."""
         sender = EventSender(self.client, job_id, cancel_requested=cancel)
         progress = self._progress(sender)
         self.reporter.paused.set()
@@ -321,7 +323,7 @@ class JobRunner:
             try:
                 run = (
                     engine.undo_finished(self.host, undo, progress)
-                    if mode == "undo"
+                    if undo
                     else self._run(plan, mode, progress, cancel)
                 )
             except JobCancelled:

@@ -31,9 +31,9 @@ from sqlalchemy import insert, update
 from gpumode.cloud.base import cards_for_snapshot
 from gpumode.cloud.embedded import CardRecord
 from gpumode.domain import HostSnapshot
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures import get_fixture
 from gpumode.server import db, gpu_index
 from gpumode.server.app import create_app
 from gpumode.server.bootstrap import initialise

@@ -97,7 +97,7 @@ def main() -> int:
     tmp: str | None = None
     root: Path
     if args.root is None:
-        from gpumode.host.emulated.create import create_host
+        from gpumode.emulated.create import create_host
 
         tmp = tempfile.mkdtemp(prefix="gpumode-bench-")
         root = Path(tmp) / args.fixture

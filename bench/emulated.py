@@ -25,10 +25,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpumode.host.emulated import kernel as kernel_mod
-from gpumode.host.emulated import sysfs
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated import kernel as kernel_mod
+from gpumode.emulated import sysfs
+from gpumode.emulated.create import create_host
+from gpumode.emulated.kernel import EmulatedKernel
 
 TARGET_WRITE_MS = 15.0
 TARGET_CREATE_S = 1.5

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpumode.domain import Mode, SwitchRequest
-from gpumode.host.emulated.create import create_host
+from gpumode.emulated.create import create_host
 from gpumode.host.root import Host
 from gpumode.modes import engine
 from gpumode.modes.journal import atomic_write

@@ -5,7 +5,7 @@ The templates live under pytest's ``tmp_path_factory``, so they go where pytest'
 directories go and are removed by pytest's retention, never left behind in /tmp.
 
 A copy hard-links the files under :data:`SHARED` (``sys/``, ``proc/``): only the emulated kernel writes there,
-and it never writes through a file — :func:`gpumode.host.emulated.sysfs.apply` unlinks a file and creates a
+and it never writes through a file — :func:`gpumode.emulated.sysfs.apply` unlinks a file and creates a
 new one — so a change to a copy cannot reach the template or another copy (``tests/test_host_templates.py``
 proves it). Everything else is copied byte for byte: userspace and gpumode rewrite some of those files in
 place (``Path.write_text`` on modules.dep, driverctl and mdevctl files; the emulated command log is appended
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumode.host.emulated.spec import HostSpec
+from gpumode.emulated.spec import HostSpec
 from gpumode.host.root import Host
 
 SHARED = ("sys", "proc")
@@ -51,7 +51,7 @@ class HostTemplates:
     def host(self, fixture: str | HostSpec, directory: Path, key: str | None = None) -> Host:
         """A fresh whole emulated host (``create_host``) of ``fixture`` at ``directory``; a spec needs
         ``key`` unless its name says everything that differs between the specs a session uses."""
-        from gpumode.host.emulated.create import create_host
+        from gpumode.emulated.create import create_host
 
         name = key or (fixture if isinstance(fixture, str) else fixture.name)
         return Host(self.copy(name, lambda root: create_host(fixture, root), directory))

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpumode.domain import Mode, SwitchRequest
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.mini import T4, mini_host
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.mini import T4, mini_host
+from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.modes import engine
 from host_templates import HostTemplates
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from databases import postgres_schema
-from gpumode.host.emulated.spec import HostSpec
+from gpumode.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.server import db
 from gpumode.server.auth import Role, create_user_token

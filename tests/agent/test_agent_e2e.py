@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpumode.domain import Mode
+from gpumode.emulated.fixtures.mini import L40S, mini_host
 from gpumode.host.discover import discover
-from gpumode.host.emulated.fixtures.mini import L40S, mini_host
 from gpumode.host.root import Host
 from gpumode.modes.journal import JournalStore
 from gpumode.modes.run import FAULT_ENV

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from gpumode.host.emulated.fixtures.mini import T4, mini_host
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.fixtures.mini import T4, mini_host
+from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.host.root import Host
 
 from .conftest import GPUMODE, Agent, Server, emulated, wait_for

@@ -15,8 +15,8 @@ from typer.testing import CliRunner, Result
 
 from gpumode.cli.localserver import LocalServer
 from gpumode.cli.main import app
+from gpumode.emulated.create import create_host
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
 from gpumode.host.root import Host
 
 # Every variable the client reads, unset unless a test sets it, so the caller's shell cannot leak in.

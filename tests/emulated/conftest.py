@@ -1,6 +1,6 @@
 """A small host for the emulated-kernel tests: bridges, a 3D GPU, a VGA GPU with its HDA function, an SR-IOV
 NIC, an mdev-vGPU GPU (T4) and a vendor-vGPU SR-IOV GPU (L40S). The real fixtures live in
-host/emulated/fixtures/."""
+emulated/fixtures/."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumode.host.emulated.build import create_kernel_tree
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.modules import nvidia_module_files
-from gpumode.host.emulated.spec import DeviceSpec, GpuModelSpec, HostSpec, VgpuTypeSpec
+from gpumode.emulated.build import create_kernel_tree
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.modules import nvidia_module_files
+from gpumode.emulated.spec import DeviceSpec, GpuModelSpec, HostSpec, VgpuTypeSpec
 from host_templates import HostTemplates
 
 H100 = "0000:01:00.0"

@@ -14,17 +14,17 @@ from typer.testing import CliRunner
 
 from gpumode.cli.main import app
 from gpumode.domain import CLASS_NVSWITCH
-from gpumode.host.emulated.create import CreateError, create_host
-from gpumode.host.emulated.fixtures import (
+from gpumode.emulated.create import CreateError, create_host
+from gpumode.emulated.fixtures import (
     FIXTURES,
     UnknownFixtureError,
     get_fixture,
     gpu_addresses,
     starting_mode,
 )
-from gpumode.host.emulated.hypervisor import EmulatedHypervisor
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.spec import HostSpec
+from gpumode.emulated.hypervisor import EmulatedHypervisor
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.spec import HostSpec
 from gpumode.host.root import Host
 
 

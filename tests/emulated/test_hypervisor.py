@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.mini import T4, mini_host
-from gpumode.host.emulated.hypervisor import EmulatedHypervisor
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.spec import VmSpec
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.mini import T4, mini_host
+from gpumode.emulated.hypervisor import EmulatedHypervisor
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.spec import VmSpec
 from gpumode.host.root import Host
 from gpumode.host.vms import Hypervisor as HypervisorProtocol
 from gpumode.host.vms import HypervisorError, VmDevice, open_hypervisor
@@ -66,7 +66,7 @@ def test_start_fails_like_qemu_when_the_gpu_is_not_on_vfio(tmp_path: Path) -> No
 
 def test_start_fails_when_the_group_is_not_viable(tmp_path: Path) -> None:
     host = create_host(
-        __import__("gpumode.host.emulated.fixtures.rtx_workstation", fromlist=["build"]).build(),
+        __import__("gpumode.emulated.fixtures.rtx_workstation", fromlist=["build"]).build(),
         tmp_path / "ws",
     )
     hv = EmulatedHypervisor(host)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import H100, HDA, NIC, VGA, build, dev, make_spec, read
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.kernel import EmulatedKernel
 
 
 def errno_of(kernel: EmulatedKernel, path: str, value: str) -> int:

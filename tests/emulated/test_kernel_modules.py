@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import H100, L40S, NV_VERSION, T4, build, dev, make_spec, read
-from gpumode.host.emulated import modules
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated import modules
+from gpumode.emulated.kernel import EmulatedKernel
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from conftest import H100, HDA, L40S, L40S_VF0, NIC, T4, VGA, build, dev, make_spec
-from gpumode.host.emulated import kernel as kernel_mod
-from gpumode.host.emulated import state as state_mod
-from gpumode.host.emulated import sysfs
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.state import KernelState
+from gpumode.emulated import kernel as kernel_mod
+from gpumode.emulated import state as state_mod
+from gpumode.emulated import sysfs
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.state import KernelState
 
 KERNEL_DIRS = ("sys", "proc", "dev")
 MODULES = ("vfio_pci", "nvidia", "nvidia_uvm", "nvidia_vgpu_vfio", "mlx5_core", "pci_stub", "pci_pf_stub")
@@ -244,7 +244,7 @@ def test_another_process_changing_the_host_is_seen_despite_the_cache(dc: Emulate
     override = dev(H100, "driver_override")
     dc.write(override, "vfio-pci\n")  # this process now caches the tree with the override set
     code = (
-        "import sys; from gpumode.host.emulated.kernel import EmulatedKernel; "
+        "import sys; from gpumode.emulated.kernel import EmulatedKernel; "
         f"EmulatedKernel(sys.argv[1]).write('{override}', '\\n')"
     )
     subprocess.run([sys.executable, "-c", code, str(dc.root)], check=True)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conftest import L40S, NIC, dev, read
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.kernel import EmulatedKernel
 
 
 def errno_of(kernel: EmulatedKernel, path: str, value: str) -> int:

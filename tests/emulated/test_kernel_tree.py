@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import H100, HDA, NIC, NV_VERSION, VGA, build, dev, make_spec, read
-from gpumode.host.emulated.build import SpecError, create_kernel_tree
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.spec import DeviceSpec
+from gpumode.emulated.build import SpecError, create_kernel_tree
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.spec import DeviceSpec
 from gpumode.host.root import Host
 
 
@@ -136,7 +136,7 @@ def test_host_write_goes_through_the_emulated_kernel(dc: EmulatedKernel) -> None
 def test_second_process_sees_state_written_by_first(dc: EmulatedKernel) -> None:
     dc.write(dev(H100, "driver/unbind"), H100)
     code = (
-        "import sys; from gpumode.host.emulated.kernel import EmulatedKernel as K; k = K(sys.argv[1]); "
+        "import sys; from gpumode.emulated.kernel import EmulatedKernel as K; k = K(sys.argv[1]); "
         f"assert k.snapshot().devices['{H100}'].driver is None; "
         f"k.write('sys/bus/pci/devices/{H100}/driver_override', 'vfio-pci')"
     )

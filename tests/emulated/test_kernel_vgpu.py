@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conftest import H100, L40S, T4, dev, read
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.kernel import EmulatedKernel
 
 U1 = "11111111-2222-3333-4444-555555555555"
 U2 = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

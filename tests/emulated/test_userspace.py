@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.mini import L40S, T4, mini_host
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.userspace import inject_command_fault, read_command_log
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.mini import L40S, T4, mini_host
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.userspace import inject_command_fault, read_command_log
 from gpumode.host.root import Host
 
 GPU = "0000:10:00.0"

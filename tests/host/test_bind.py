@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumode.host import bind
-from gpumode.host.bind import BindError
-from gpumode.host.driverops import module_loaded
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.models import L40S, RTX6000, T4, models
-from gpumode.host.emulated.fixtures.topology import (
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.models import L40S, RTX6000, T4, models
+from gpumode.emulated.fixtures.topology import (
     CLASS_HDA,
     CLASS_PCI_BRIDGE,
     CLASS_SERIAL_OTHER,
@@ -26,7 +23,10 @@ from gpumode.host.emulated.fixtures.topology import (
     NVIDIA,
     Board,
 )
-from gpumode.host.emulated.spec import HostSpec
+from gpumode.emulated.spec import HostSpec
+from gpumode.host import bind
+from gpumode.host.bind import BindError
+from gpumode.host.driverops import module_loaded
 from gpumode.host.root import Host
 
 RTX = "0000:17:00.0"

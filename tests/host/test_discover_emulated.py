@@ -14,8 +14,8 @@ from test_discover_tree import lspci, needs_lspci, parse_lspci
 from gpumode.domain import DriverState, Mode
 from gpumode.host.discover import discover
 
-create = pytest.importorskip("gpumode.host.emulated.create")
-fixtures = pytest.importorskip("gpumode.host.emulated.fixtures")
+create = pytest.importorskip("gpumode.emulated.create")
+fixtures = pytest.importorskip("gpumode.emulated.fixtures")
 
 
 @pytest.fixture(scope="module")

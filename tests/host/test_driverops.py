@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.models import T4, models
+from gpumode.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board
+from gpumode.emulated.spec import HostSpec
 from gpumode.host import driverops
 from gpumode.host.driverops import DriverOpError
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.models import T4, models
-from gpumode.host.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board
-from gpumode.host.emulated.spec import HostSpec
 from gpumode.host.root import CommandError, Host
 
 DC = "nvidia-driver-550-server"

@@ -15,13 +15,13 @@ import pytest
 from gpumode.cloud.openstack.delivery import predict
 from gpumode.cloud.openstack.novaconf import render_dropin
 from gpumode.domain import Mode, PciAddress, PciFunction, Sriov, SriovLayoutError, SwitchRequest, vf_addresses
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.mini import mini_host
+from gpumode.emulated.fixtures.models import A16, L40S, models
+from gpumode.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board
+from gpumode.emulated.spec import HostSpec
 from gpumode.host import driverops, vgpu
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.mini import mini_host
-from gpumode.host.emulated.fixtures.models import A16, L40S, models
-from gpumode.host.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board
-from gpumode.host.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.modes import engine
 

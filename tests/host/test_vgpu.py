@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures.models import A16, L40S, T4, models, vgpu_type
+from gpumode.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board, vf_address
+from gpumode.emulated.spec import HostSpec
 from gpumode.host import driverops, vgpu
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures.models import A16, L40S, T4, models, vgpu_type
-from gpumode.host.emulated.fixtures.topology import CLASS_PCI_BRIDGE, Board, vf_address
-from gpumode.host.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.host.vgpu import VgpuError
 

@@ -32,7 +32,7 @@ def make_host(directory: Path, fixture: str) -> Host:
 
 def reboot(host: Host) -> None:
     """Power-cycle the emulated host: VFs, vGPUs, bindings and loaded modules are gone."""
-    from gpumode.host.emulated.kernel import EmulatedKernel
+    from gpumode.emulated.kernel import EmulatedKernel
 
     EmulatedKernel(host.root).reboot()
 

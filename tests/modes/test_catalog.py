@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpumode.domain import Flavour
-from gpumode.host.emulated.fixtures.models import MODELS
+from gpumode.emulated.fixtures.models import MODELS
 from gpumode.modes.catalog import ACTIONS, ConfigError, load_catalog, parse_catalog
 
 

@@ -294,7 +294,7 @@ def test_a_failure_at_any_step_puts_the_host_back(tmp_path: Path, fixture: str) 
 
 def test_a_kernel_refusal_rolls_back(tmp_path: Path) -> None:
     """A real emulated-kernel error (EBUSY on a bind) in the middle of a passthrough switch."""
-    from gpumode.host.emulated.kernel import EmulatedKernel
+    from gpumode.emulated.kernel import EmulatedKernel
 
     host = make_host(tmp_path / "h", "rtx-workstation")
     before = view(host)
@@ -333,7 +333,7 @@ def test_no_rollback_stops_and_leaves_the_journal(tmp_path: Path) -> None:
 )
 def test_a_failing_command_rolls_back(tmp_path: Path, fixture: str, prefix: str) -> None:
     """The emulated userspace fails a real command the plan runs; the host is put back."""
-    from gpumode.host.emulated.userspace import inject_command_fault, read_command_log
+    from gpumode.emulated.userspace import inject_command_fault, read_command_log
 
     host = make_host(tmp_path / "h", fixture)
     before = view(host)

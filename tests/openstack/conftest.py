@@ -17,8 +17,8 @@ from gpumode.cloud.openstack.config import OpenStackConfig
 from gpumode.cloud.openstack.factory import build_clients
 from gpumode.cloud.openstack.platform import OpenStackPlatform
 from gpumode.domain import Mode, SwitchRequest, VmPolicy
+from gpumode.emulated.create import create_host
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
 from gpumode.host.root import CommandResult, Host
 from gpumode.modes import engine
 

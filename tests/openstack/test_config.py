@@ -17,8 +17,8 @@ from gpumode.cloud.openstack.factory import build_clients
 from gpumode.cloud.openstack.http import OpenStackError
 from gpumode.cloud.openstack.novaconf import RenderError, render_dropin
 from gpumode.cloud.openstack.platform import OpenStackPlatform
+from gpumode.emulated.create import create_host
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
 from gpumode.host.root import Host
 from gpumode.server.settings import SettingsError, load_settings
 

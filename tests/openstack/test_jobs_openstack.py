@@ -24,9 +24,9 @@ import pytest
 
 from agent.conftest import GPUMODE, Agent, Server, emulated, wait_for
 from gpumode.cloud.openstack.novaconf import HEADER
+from gpumode.emulated.packages import UNIT_DIR
+from gpumode.emulated.services import RUNTIME_DIR
 from gpumode.host.discover import discover
-from gpumode.host.emulated.packages import UNIT_DIR
-from gpumode.host.emulated.services import RUNTIME_DIR
 from gpumode.host.root import Host
 from gpumode.server import db
 from gpumode.server.auth import Role, create_user_token

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from databases import empty_database
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures import get_fixture
 from gpumode.server.app import create_app
 from gpumode.server.bootstrap import initialise
 from gpumode.server.settings import Settings

@@ -13,9 +13,9 @@ from sqlalchemy import Engine, MetaData, Table, insert, select
 
 from gpumode.cloud.embedded import EmbeddedPlatform
 from gpumode.domain import HostSnapshot, Mode
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures import get_fixture
 from gpumode.server import db, gpu_index, sync
 from gpumode.server.models import Node, NodeGpu
 from gpumode.server.web import queries

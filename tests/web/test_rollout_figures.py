@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 
 from gpumode.cloud.embedded import EmbeddedPlatform
 from gpumode.domain import HostSnapshot, Mode, SwitchRequest, VmPolicy
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures import get_fixture
 from gpumode.server import db, jobs, sync
 from gpumode.server.models import HostGroup, Job, Node
 from gpumode.server.schemas import Whitelist

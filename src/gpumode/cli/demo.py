@@ -35,7 +35,7 @@ from gpumode.cli.client import Client, ClientConfig, RemoteError
 
 if TYPE_CHECKING:
     from gpumode.cli.demo_stack import DemoStack
-    from gpumode.host.emulated.hypervisor import EmulatedHypervisor
+    from gpumode.emulated.hypervisor import EmulatedHypervisor
     from gpumode.host.root import Host
 
 T = TypeVar("T")
@@ -198,8 +198,8 @@ class Walkthrough:
 
     def hosts(self) -> None:
         from gpumode.cli.demo_stack import DEFAULT_FIXTURES
+        from gpumode.emulated.hypervisor import EmulatedHypervisor
         from gpumode.host.discover import discover
-        from gpumode.host.emulated.hypervisor import EmulatedHypervisor
 
         self.title(
             "hosts",
@@ -370,6 +370,6 @@ class Walkthrough:
 
 
 def _hypervisor(host: Host) -> EmulatedHypervisor:
-    from gpumode.host.emulated.hypervisor import EmulatedHypervisor
+    from gpumode.emulated.hypervisor import EmulatedHypervisor
 
     return EmulatedHypervisor(host)

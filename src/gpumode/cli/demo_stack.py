@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from gpumode.cli.localserver import Credentials, LocalServer
-from gpumode.host.emulated.create import create_host
-from gpumode.host.emulated.fixtures import get_fixture
+from gpumode.emulated.create import create_host
+from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.root import Host
 
 DEFAULT_FIXTURES = ("hgx-h100", "l40s-sriov", "rtx-workstation")

@@ -21,7 +21,7 @@ def list_fixtures() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gpumode.host.emulated.fixtures import FIXTURES, gpu_addresses, starting_mode
+    from gpumode.emulated.fixtures import FIXTURES, gpu_addresses, starting_mode
 
     table = Table(title="Emulated host fixtures")
     for column in ("name", "GPUs", "functions", "starting mode", "description"):
@@ -41,8 +41,8 @@ def create(
     directory: Path = typer.Argument(..., help="Where to create the host: a new or empty directory."),
 ) -> None:
     """Create an emulated host from a fixture in DIRECTORY."""
-    from gpumode.host.emulated.create import CreateError, create_host
-    from gpumode.host.emulated.fixtures import UnknownFixtureError, get_fixture, starting_mode
+    from gpumode.emulated.create import CreateError, create_host
+    from gpumode.emulated.fixtures import UnknownFixtureError, get_fixture, starting_mode
 
     try:
         spec = get_fixture(fixture)
@@ -54,7 +54,7 @@ def create(
     except CreateError as exc:
         sys.stderr.write(f"gpumode emulate create: {exc}\n")
         raise typer.Exit(2) from None
-    from gpumode.host.emulated.hypervisor import EmulatedHypervisor
+    from gpumode.emulated.hypervisor import EmulatedHypervisor
 
     vms = EmulatedHypervisor(host).list_vms()
     running = sum(vm.running for vm in vms)

@@ -74,7 +74,7 @@ class Host:
         attribute sees exactly one store.
         """
         if self.emulated:
-            from gpumode.host.emulated.kernel import EmulatedKernel
+            from gpumode.emulated.kernel import EmulatedKernel
 
             EmulatedKernel(self.root).write(self.relative(path), value)
             return
@@ -87,7 +87,7 @@ class Host:
     def run(self, argv: Sequence[str], *, timeout: float | None = 600, check: bool = False) -> CommandResult:
         """Run a command on the host. On an emulated host the emulated userspace answers it."""
         if self.emulated:
-            from gpumode.host.emulated.userspace import run_emulated
+            from gpumode.emulated.userspace import run_emulated
 
             result = run_emulated(self.root, tuple(argv))
         else:

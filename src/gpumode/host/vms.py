@@ -3,7 +3,7 @@
 The mode engine only needs to list VMs with their GPU devices, stop and start them, and take a device out of
 (or put it back into) a VM's persistent definition. Two implementations: libvirt
 (``gpumode.host.libvirt_vms``) and the emulated hypervisor of an emulated host
-(``gpumode.host.emulated.hypervisor``). :func:`open_hypervisor` picks one.
+(``gpumode.emulated.hypervisor``). :func:`open_hypervisor` picks one.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Hypervisor(Protocol):
 def open_hypervisor(host: Host, uri: str | None = None) -> Hypervisor:
     """The hypervisor of ``host``: the emulated one on an emulated host, else libvirt at ``uri``."""
     if host.emulated:
-        from gpumode.host.emulated.hypervisor import EmulatedHypervisor
+        from gpumode.emulated.hypervisor import EmulatedHypervisor
 
         return EmulatedHypervisor(host)
     from gpumode.host.libvirt_vms import LibvirtHypervisor

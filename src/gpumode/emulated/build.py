@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpumode.domain import NVIDIA_VENDOR, PciAddress, PciAddressError
-from gpumode.host.emulated import drivers, modules, nvidia, pci, sysfs
-from gpumode.host.emulated import state as state_mod
-from gpumode.host.emulated.kernel import load_modules, register_builtin_drivers
-from gpumode.host.emulated.spec import DeviceSpec, HostSpec
-from gpumode.host.emulated.state import Device, KernelState
+from gpumode.emulated import drivers, modules, nvidia, pci, sysfs
+from gpumode.emulated import state as state_mod
+from gpumode.emulated.kernel import load_modules, register_builtin_drivers
+from gpumode.emulated.spec import DeviceSpec, HostSpec
+from gpumode.emulated.state import Device, KernelState
 
 FIRST_IRQ = 24
 
@@ -36,7 +36,7 @@ def create_kernel_tree(
     yet).
 
     ``module_files`` are extra ``.ko`` files present at boot besides the in-tree ones (the NVIDIA modules of
-    the spec's installed packages, from :func:`gpumode.host.emulated.modules.nvidia_module_files`); the spec's
+    the spec's installed packages, from :func:`gpumode.emulated.modules.nvidia_module_files`); the spec's
     ``modules`` may name them. Raises :class:`SpecError` (and writes nothing) when the spec is inconsistent.
     """
     directory = Path(directory)

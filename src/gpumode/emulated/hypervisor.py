@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gpumode.domain import PciAddress, PciAddressError
-from gpumode.host.emulated.kernel import EmulatedKernel
+from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.host.root import Host
 from gpumode.host.vms import HypervisorError, Vm, VmDevice
 

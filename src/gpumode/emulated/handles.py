@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 from collections import Counter
 
-from gpumode.host.emulated import drivers, nvidia
-from gpumode.host.emulated.errors import kernel_error
-from gpumode.host.emulated.state import Handle, HandleKind, KernelState
+from gpumode.emulated import drivers, nvidia
+from gpumode.emulated.errors import kernel_error
+from gpumode.emulated.state import Handle, HandleKind, KernelState
 
 KINDS: tuple[HandleKind, ...] = ("nvidia", "vfio", "mdev")
 

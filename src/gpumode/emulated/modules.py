@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumode.host.emulated.state import Driver, LoadedModule, MatchRule, load
+from gpumode.emulated.state import Driver, LoadedModule, MatchRule, load
 
 MAGIC = "gpumode-emulated-module v1"
 FLAGS = frozenset({"sriov_configure", "managed_dma", "vfio"})

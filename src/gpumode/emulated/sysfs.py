@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from gpumode.domain import CLASS_VGA, NVIDIA_VENDOR
-from gpumode.host.emulated import configspace, handles, nvidia, pci
-from gpumode.host.emulated.pci import parse_address
-from gpumode.host.emulated.spec import VgpuTypeSpec
-from gpumode.host.emulated.state import Device, KernelState
+from gpumode.emulated import configspace, handles, nvidia, pci
+from gpumode.emulated.pci import parse_address
+from gpumode.emulated.spec import VgpuTypeSpec
+from gpumode.emulated.state import Device, KernelState
 
 CPUS_PER_NODE = 32
 NUMA_NODES = 2

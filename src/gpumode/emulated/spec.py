@@ -1,6 +1,6 @@
 """Declarative description of an emulated host: the hardware, and the state it starts in.
 
-A fixture (``fixtures/*.py``) returns a :class:`HostSpec`; :func:`gpumode.host.emulated.build.create_host`
+A fixture (``fixtures/*.py``) returns a :class:`HostSpec`; :func:`gpumode.emulated.build.create_host`
 lays it out as a kernel-shaped tree under a directory. The spec says *what* exists; the emulated kernel
 decides *how* it looks in sysfs (formats, links, side effects), exactly as a real kernel would from the same
 hardware.

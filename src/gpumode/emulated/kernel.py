@@ -1,7 +1,7 @@
 """The emulated kernel: the one object that changes an emulated host's kernel state.
 
 ``EmulatedKernel(root)`` is cheap and stateless; every call locks the host, loads ``state.json``, acts, saves
-and updates the files that changed (see :mod:`gpumode.host.emulated.state` and :mod:`.sysfs`). A call that
+and updates the files that changed (see :mod:`gpumode.emulated.state` and :mod:`.sysfs`). A call that
 fails raises the ``OSError`` a real kernel would (errno included) and changes nothing.
 
 Public API (stable; the userspace half and the hypervisor build on it):
@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumode.host.emulated import drivers, handles, modules, nvidia, pci, sysfs
-from gpumode.host.emulated import state as state_mod
-from gpumode.host.emulated.errors import kernel_error, kstrtol, kstrtoul
-from gpumode.host.emulated.state import Device, Fault, Handle, HandleKind, KernelState
+from gpumode.emulated import drivers, handles, modules, nvidia, pci, sysfs
+from gpumode.emulated import state as state_mod
+from gpumode.emulated.errors import kernel_error, kstrtol, kstrtoul
+from gpumode.emulated.state import Device, Fault, Handle, HandleKind, KernelState
 
 PAGE_SIZE = 4096
 

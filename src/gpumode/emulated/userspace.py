@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gpumode.host.emulated import apt, nvidia_tools, services
-from gpumode.host.emulated import modules as kmodules
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.packages import Outcome
+from gpumode.emulated import apt, nvidia_tools, services
+from gpumode.emulated import modules as kmodules
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.packages import Outcome
 from gpumode.host.root import EMULATION_MARKER, CommandResult, Host
 
 COMMAND_LOG = "commands.log"

@@ -1,6 +1,6 @@
 """Make a whole emulated host from a fixture name or a :class:`HostSpec`: kernel, packages, services, VMs.
 
-The kernel half (:func:`gpumode.host.emulated.build.create_kernel_tree`) boots the hardware into the spec's
+The kernel half (:func:`gpumode.emulated.build.create_kernel_tree`) boots the hardware into the spec's
 driver state; this adds what userspace would have around it: the installed packages (dpkg database, unit
 files, tools, the NVIDIA module files), the running services with their handles on the GPUs, driverctl's
 override files, and the VMs, started so that they hold their devices.
@@ -12,12 +12,12 @@ import shutil
 import uuid
 from pathlib import Path
 
-from gpumode.host.emulated import packages, services
-from gpumode.host.emulated.build import SpecError, create_kernel_tree
-from gpumode.host.emulated.fixtures import get_fixture
-from gpumode.host.emulated.hypervisor import EmulatedHypervisor
-from gpumode.host.emulated.modules import ModuleFile
-from gpumode.host.emulated.spec import HostSpec
+from gpumode.emulated import packages, services
+from gpumode.emulated.build import SpecError, create_kernel_tree
+from gpumode.emulated.fixtures import get_fixture
+from gpumode.emulated.hypervisor import EmulatedHypervisor
+from gpumode.emulated.modules import ModuleFile
+from gpumode.emulated.spec import HostSpec
 from gpumode.host.root import Host
 from gpumode.host.vms import HypervisorError, VmDevice
 
@@ -29,7 +29,7 @@ class CreateError(ValueError):
 def create_host(fixture: str | HostSpec, directory: str | Path) -> Host:
     """Create an emulated host under ``directory`` (missing or empty) and return it.
 
-    ``fixture`` is a fixture name (see :data:`gpumode.host.emulated.fixtures.FIXTURES`) or a spec.
+    ``fixture`` is a fixture name (see :data:`gpumode.emulated.fixtures.FIXTURES`) or a spec.
     """
     spec = get_fixture(fixture) if isinstance(fixture, str) else fixture
     target = Path(directory)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpumode.host.emulated import packages, services
-from gpumode.host.emulated.packages import CATALOGUE, Outcome, PackageDef
+from gpumode.emulated import packages, services
+from gpumode.emulated.packages import CATALOGUE, Outcome, PackageDef
 
 _HEADER = "Reading package lists...\nBuilding dependency tree...\nReading state information...\n"
 _APT_OPTIONS = {

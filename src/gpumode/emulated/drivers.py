@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import errno
 
-from gpumode.host.emulated import nvidia
-from gpumode.host.emulated.errors import kernel_error
-from gpumode.host.emulated.state import Device, Driver, KernelState, MatchRule
+from gpumode.emulated import nvidia
+from gpumode.emulated.errors import kernel_error
+from gpumode.emulated.state import Device, Driver, KernelState, MatchRule
 
 PCI_ANY_ID = 0xFFFFFFFF
 

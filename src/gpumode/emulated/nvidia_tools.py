@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpumode.domain import GPU_CLASSES, NVIDIA_VENDOR, PciAddress, PciAddressError
-from gpumode.host.emulated import nvidia
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.packages import CATALOGUE, Outcome, installed
-from gpumode.host.emulated.spec import VgpuTypeSpec
-from gpumode.host.emulated.state import Device, KernelState
+from gpumode.emulated import nvidia
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.packages import CATALOGUE, Outcome, installed
+from gpumode.emulated.spec import VgpuTypeSpec
+from gpumode.emulated.state import Device, KernelState
 from gpumode.host.root import Host
 
 PF_STUB = "pci-pf-stub"
@@ -80,7 +80,7 @@ def _manage_one(root: Path, bdf: str, enable: bool) -> Outcome:
         return 1, "", "This is not a VGA or 3D controller.\n"
     if not (dev / "sriov_numvfs").exists():
         return 0, "", ""  # not an SR-IOV GPU: nothing to do, silently
-    from gpumode.host.emulated.userspace import dispatch  # the script runs modprobe and nvidia-smi
+    from gpumode.emulated.userspace import dispatch  # the script runs modprobe and nvidia-smi
 
     dispatch(root, ("modprobe", PF_STUB))
     numvfs = int(_read(dev / "sriov_numvfs"))

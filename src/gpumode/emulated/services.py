@@ -17,9 +17,9 @@ import secrets
 from pathlib import Path
 
 from gpumode.domain import CLASS_NVSWITCH, GPU_CLASSES, NVIDIA_VENDOR
-from gpumode.host.emulated.kernel import EmulatedKernel
-from gpumode.host.emulated.packages import UNIT_DIR, WANTS_DIR, Outcome, UnitDef, unit_def
-from gpumode.host.emulated.state import KernelState
+from gpumode.emulated.kernel import EmulatedKernel
+from gpumode.emulated.packages import UNIT_DIR, WANTS_DIR, Outcome, UnitDef, unit_def
+from gpumode.emulated.state import KernelState
 
 RUNTIME_DIR = "run/systemd/units"
 

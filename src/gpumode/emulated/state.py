@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from gpumode.host.emulated.spec import GpuModelSpec, VgpuTypeSpec
+from gpumode.emulated.spec import GpuModelSpec, VgpuTypeSpec
 
 MARKER = ".gpumode-emulated"
 STATE_FILE = "state.json"

@@ -11,9 +11,9 @@ import errno
 from functools import lru_cache
 
 from gpumode.domain import PciAddress
-from gpumode.host.emulated import drivers
-from gpumode.host.emulated.errors import kernel_error, kstrtoul
-from gpumode.host.emulated.state import Device, KernelState
+from gpumode.emulated import drivers
+from gpumode.emulated.errors import kernel_error, kstrtoul
+from gpumode.emulated.state import Device, KernelState
 
 
 @lru_cache(maxsize=8192)

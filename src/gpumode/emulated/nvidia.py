@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 
-from gpumode.host.emulated.errors import kernel_error, kstrtol, kstrtoul
-from gpumode.host.emulated.spec import VgpuTypeSpec
-from gpumode.host.emulated.state import Device, KernelState, MdevState
+from gpumode.emulated.errors import kernel_error, kstrtol, kstrtoul
+from gpumode.emulated.spec import VgpuTypeSpec
+from gpumode.emulated.state import Device, KernelState, MdevState
 
 NVIDIA_DRIVER = "nvidia"
 VGPU_VFIO_MODULE = "nvidia_vgpu_vfio"

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumode.host.emulated import modules as kmodules
-from gpumode.host.emulated.modules import ModuleFile
+from gpumode.emulated import modules as kmodules
+from gpumode.emulated.modules import ModuleFile
 
 DPKG_STATUS = "var/lib/dpkg/status"
 UNIT_DIR = "lib/systemd/system"
@@ -80,7 +80,7 @@ class PackageDef:
 
 def _tool(name: str, package: str) -> str:
     """The content of an emulated executable: a note on where the emulated userspace answers it."""
-    return f"#!/bin/sh\n# {name} from {package} (emulated: gpumode.host.emulated.userspace answers it)\n"
+    return f"#!/bin/sh\n# {name} from {package} (emulated: gpumode.emulated.userspace answers it)\n"
 
 
 _DC = "nvidia-driver-550-server"

@@ -14,9 +14,11 @@ from gpumode.domain import HostSnapshot, Mode, SwitchRequest, VmPolicy
 from gpumode.emulated.create import create_host
 from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.server import db, jobs, sync
+from gpumode.server import db, sync
 from gpumode.server.models import HostGroup, Job, Node
 from gpumode.server.schemas import Whitelist
+from gpumode.server.switch.errors import JobError, NotFound
+from gpumode.server.switch.planning import plan_for_node
 from gpumode.server.web import group_figures
 
 H100, T4 = "10de:2330", "10de:1eb8"
@@ -71,7 +73,7 @@ def test_group_figures_count_only_the_members(empty: Engine, hosts: dict[str, Ho
     with Session(empty) as session:
         f = group_figures.figures(session, ids["g"], "g", Mode.PASSTHROUGH, Whitelist())
         assert group_figures.group_id(session, "g") == ids["g"]
-        with pytest.raises(jobs.NotFound, match="no host group named 'nope'"):
+        with pytest.raises(NotFound, match="no host group named 'nope'"):
             group_figures.group_id(session, "nope")
         pages = [[n.name for n in group_figures.member_page(session, ids["g"], p, 1)] for p in (1, 2, 3)]
     assert f.members == 2 and f.hosts_by_mode == {"accel": 1, "none": 1}
@@ -102,8 +104,8 @@ def test_whitelist_refusals_are_the_planners(
         planner: dict[str, str] = {}
         for node in group_figures.member_page(session, ids["g"], 1, 10):
             try:
-                jobs.plan_for_node(session, node, request, rules, EmbeddedPlatform(session))
-            except jobs.JobError as exc:
+                plan_for_node(session, node, request, rules, EmbeddedPlatform(session))
+            except JobError as exc:
                 if exc.code == "mode_not_allowed" and "disabled" in exc.message:
                     planner[node.name] = exc.message
     assert f.refused == len(f.refused_named) == len(planner)

@@ -15,8 +15,7 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpumode import __version__
-from gpumode.server import db, rollouts, web
-from gpumode.server import jobs as switch_jobs
+from gpumode.server import db, web
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
 from gpumode.server.metrics import Metrics
@@ -24,6 +23,8 @@ from gpumode.server.routes import agents, cards, events, health, modes, nodes, r
 from gpumode.server.routes import jobs as job_routes
 from gpumode.server.settings import Settings
 from gpumode.server.state import ServerState, select_platform
+from gpumode.server.switch import recovery, rollouts
+from gpumode.server.switch.metrics import JobsCollector
 
 API = "/api/v1"
 log = logging.getLogger(__name__)
@@ -58,8 +59,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gpumode = state
-    app.state.gpumode_work = work.WorkNotifier()
-    state.metrics.registry.register(switch_jobs.JobsCollector(sessions))
+    state.metrics.registry.register(JobsCollector(sessions))
     for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
         app.include_router(module.router, prefix=API)
     app.include_router(health.router)
@@ -76,7 +76,7 @@ def _recover_jobs(state: ServerState) -> None:
     """Jobs and rollouts carry on after a restart: finish cloud steps left undone, move rollouts on."""
     with state.sessions() as session:
         platform = state.platform_factory(session)
-        switch_jobs.recover(session, platform)
+        recovery.recover(session, platform)
         for rollout_id in rollouts.running_ids(session):
             rollouts.advance(session, rollout_id, platform)
         session.commit()

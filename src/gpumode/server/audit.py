@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,6 +95,22 @@ def commit_audited(
     )
     session.commit()
     setattr(request.state, _DONE, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Trail:
+    """Where one call's audit entry goes: its request names who made it and which endpoint. The switch
+    service takes one, so every way into a switch writes its entry with the change it describes."""
+
+    request: Request
+
+    def commit(
+        self, session: Session, *, target: str, status_code: int = 200, detail: str | None = None
+    ) -> None:
+        commit_audited(self.request, session, target=target, status_code=status_code, detail=detail)
+
+    def skip(self) -> None:
+        skip(self.request)
 
 
 def skip(request: Request) -> None:

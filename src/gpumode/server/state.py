@@ -1,4 +1,4 @@
-"""What the running server holds in memory: settings, database handles, metrics, liveness."""
+"""What the running server holds in memory: settings, database handles, metrics, liveness, wake-ups."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gpumode.cloud.embedded import EmbeddedPlatform
 from gpumode.server import db
 from gpumode.server.metrics import Metrics
 from gpumode.server.settings import Settings
+from gpumode.server.wakeups import Wakeups
 
 
 def select_platform(settings: Settings) -> Callable[[Session], CloudPlatform]:
@@ -35,6 +36,8 @@ class ServerState:
     sessions: sessionmaker[Session]
     metrics: Metrics
     platform_factory: Callable[[Session], CloudPlatform] = EmbeddedPlatform
+    # Agents' long polls waiting in this process, woken when their node gets work.
+    wakeups: Wakeups = field(default_factory=Wakeups)
     # Last time each node reported, kept in memory: an unchanged report must not write to the database, and
     # liveness is a property of this process's view anyway (a restarted server waits for the next report).
     last_seen: dict[str, datetime] = field(default_factory=dict)

@@ -6,7 +6,7 @@ the plan's effect to the snapshot (each GPU's new mode, the VFs its ``sriov.enab
 ``vgpu.create`` steps make) and :func:`~gpumode.cloud.openstack.novaconf.render_dropin` renders that.
 nova-compute reads the file only when it starts, so a restart follows; the restart is a ``checkpoint``: when
 the agent reports it done, the server checks that Placement is there before the switch goes on
-(:mod:`gpumode.server.jobs`).
+(:mod:`gpumode.server.switch`).
 
 Three steps, so that a rollback leaves nova-compute running the old configuration on the old host:
 

@@ -1,4 +1,5 @@
-"""Switch requests, jobs and rollouts (operators act, viewers read). The agent's side is in
+"""Switch requests, jobs and rollouts (operators act, viewers read): each route parses its input, calls the
+switch service (:mod:`gpumode.server.switch.service`) and renders the answer. The agent's side is in
 :mod:`gpumode.server.routes.work`."""
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpumode.server import audit, jobs, rollouts, whitelist
-from gpumode.server.auth import Role
-from gpumode.server.deps import Operator, PlatformDep, PrincipalDep, SessionDep, Viewer, node_access
+from gpumode.cloud.base import CloudPlatform
+from gpumode.server import audit
+from gpumode.server.auth import Principal, Role
+from gpumode.server.deps import (
+    Operator,
+    PlatformDep,
+    PrincipalDep,
+    SessionDep,
+    Viewer,
+    node_access,
+    server_state,
+)
 from gpumode.server.models import Job, Rollout
-from gpumode.server.routes import work
 from gpumode.server.schemas import (
     DryRunOut,
     JobOut,
@@ -26,6 +35,11 @@ from gpumode.server.schemas import (
     RolloutOut,
     SwitchIn,
 )
+from gpumode.server.switch import rollouts, service
+from gpumode.server.switch.codec import plan_json
+from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound
+from gpumode.server.switch.service import Caller
+from gpumode.server.switch.store import get_job as stored_job
 
 router = APIRouter(tags=["jobs"])
 
@@ -58,12 +72,18 @@ def refusals() -> Iterator[None]:
     the wrong state for it 409."""
     try:
         yield
-    except jobs.NotFound as exc:
+    except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    except jobs.JobError as exc:
+    except JobError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
-    except jobs.JobConflict as exc:
+    except JobConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    except ActiveJobExists as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, {"message": str(exc), "job": exc.job_id}) from exc
+
+
+def _caller(request: Request, session: Session, platform: CloudPlatform, principal: Principal) -> Caller:
+    return Caller(session, platform, audit.Trail(request), server_state(request).wakeups, principal.name)
 
 
 @router.post(
@@ -81,28 +101,16 @@ def switch(
     platform: PlatformDep,
     dry_run: bool = False,
 ) -> Any:
+    caller = _caller(request, session, platform, principal)
     with refusals():
-        node = jobs.find_node(session, name)
-        switch_request = jobs.to_request(jobs.SwitchOptions.from_body(body), platform)
-        plan = jobs.plan_for_node(session, node, switch_request, whitelist.load(session), platform)
-    if dry_run:
-        return _dry(request, session, DryRunOut(node=name, plan=jobs.plan_json(plan)))
-    try:
-        job = jobs.create_job(session, node, plan, created_by=principal.name)
-    except jobs.ActiveJobExists as exc:
-        session.rollback()
-        raise HTTPException(status.HTTP_409_CONFLICT, {"message": str(exc), "job": exc.job_id}) from exc
-    audit.commit_audited(
-        request, session, target=f"node:{name}", status_code=201, detail=f"job {job.id}: {job.request}"
-    )
-    work.notifier(request).notify(name)
-    return job_out(job)
+        if dry_run:
+            plan = service.preview_switch(caller, name, body)
+            return _dry(DryRunOut(node=name, plan=plan_json(plan)))
+        return job_out(service.start_switch(caller, name, body))
 
 
-def _dry(request: Request, session: Session, body: BaseModel) -> JSONResponse:
-    """A dry run stores nothing, so it leaves no audit trace either, and answers 200, not a creation's 201."""
-    session.rollback()
-    audit.skip(request)
+def _dry(body: BaseModel) -> JSONResponse:
+    """A dry run answers 200, not a creation's 201."""
     return JSONResponse(body.model_dump(mode="json"), status_code=status.HTTP_200_OK)
 
 
@@ -131,7 +139,7 @@ def list_jobs(
 @router.get("/jobs/{job_id}", response_model=JobOut)
 def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
     with refusals():
-        job = jobs.get_job(session, job_id)
+        job = stored_job(session, job_id)
     node_access(principal, job.node, users_need=Role.VIEWER)
     return job_out(job)
 
@@ -143,13 +151,7 @@ def cancel_job(
     job_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
-        job = jobs.get_job(session, job_id, lock=True)
-        jobs.cancel(session, job, principal.name)
-    if not jobs.JobState(job.state).active:
-        jobs.ended(session, job, platform)
-    audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"now {job.state}")
-    work.notifier(request).notify(job.node)
-    return job_out(job)
+        return job_out(service.cancel_job(_caller(request, session, platform, principal), job_id))
 
 
 # --- rollouts -----------------------------------------------------------------------------------------------
@@ -170,30 +172,12 @@ def switch_group(
     platform: PlatformDep,
     dry_run: bool = False,
 ) -> Any:
+    caller = _caller(request, session, platform, principal)
     with refusals():
-        nodes = rollouts.members(session, group)
-        switch_request = jobs.to_request(jobs.SwitchOptions.from_body(body), platform)
-        plans = rollouts.plan_all(session, nodes, switch_request, platform)
         if dry_run:
-            dry = RolloutDryRunOut(group=group, plans={n: jobs.plan_json(p) for n, p in plans.items()})
-            return _dry(request, session, dry)
-        rollout = rollouts.create(
-            session,
-            group,
-            nodes,
-            switch_request,
-            platform,
-            concurrency=body.concurrency,
-            max_failures=body.max_failures,
-            created_by=principal.name,
-        )
-    result = rollouts.out(session, rollout)
-    audit.commit_audited(
-        request, session, target=f"group:{group}", status_code=201, detail=f"rollout {rollout.id}"
-    )
-    for name in rollout.nodes:
-        work.notifier(request).notify(name)
-    return result
+            plans = service.preview_rollout(caller, group, body)
+            return _dry(RolloutDryRunOut(group=group, plans={n: plan_json(p) for n, p in plans.items()}))
+        return rollouts.out(session, service.start_rollout(caller, group, body))
 
 
 @router.get("/rollouts", response_model=list[RolloutOut])
@@ -216,14 +200,8 @@ def get_rollout(rollout_id: int, _: Viewer, session: SessionDep) -> dict[str, An
     summary="Start no more jobs and cancel the queued ones; running jobs finish",
 )
 def cancel_rollout(
-    rollout_id: int, principal: Operator, request: Request, session: SessionDep
+    rollout_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
-        rollout = rollouts.get(session, rollout_id, lock=True)
-        cancelled = rollouts.cancel(session, rollout, principal.name)
-    result = rollouts.out(session, rollout)
-    detail = f"cancelled; queued jobs cancelled: {', '.join(str(j.id) for j in cancelled) or 'none'}"
-    audit.commit_audited(request, session, target=f"rollout:{rollout_id}", detail=detail)
-    for job in cancelled:
-        work.notifier(request).notify(job.node)
-    return result
+        rollout = service.cancel_rollout(_caller(request, session, platform, principal), rollout_id)
+    return rollouts.out(session, rollout)

@@ -6,63 +6,34 @@ admin's, is refused, so a job's progress is always what the host itself said.
 The long poll holds no database connection while it waits (thousands of agents wait at once): it checks for
 work in a short session, then sleeps on a per-node wake-up that a new job or a cancel in this process sets;
 every ``POLL_S`` it checks again anyway, which is how a job created by another server process is found.
+The wake-ups live in the server's state (:class:`~gpumode.server.wakeups.Wakeups`), set by the switch service.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from gpumode.server import audit, jobs
+from gpumode.server import audit
 from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
 from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
 from gpumode.server.schemas import JobEventsAck, JobEventsIn, WorkJob, WorkOut
 from gpumode.server.state import ServerState
+from gpumode.server.switch.ending import ended
+from gpumode.server.switch.errors import JobError, NotFound
+from gpumode.server.switch.lifecycle import StepReport, apply_step_reports, retry_after
+from gpumode.server.switch.states import HostState, JobState, StepState
+from gpumode.server.switch.store import get_job
+from gpumode.server.switch.work import claim_work, continue_cloud, host_finished
 
 router = APIRouter(tags=["agents"])
 
 POLL_S = 1.0  # how often a waiting long poll looks at the database for work another process created
-
-
-class WorkNotifier:
-    """Wakes the long polls of one node waiting in this process (set from worker threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-
-    @contextmanager
-    def waiter(self, node: str) -> Iterator[asyncio.Event]:
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        with self._lock:
-            self._waiting.setdefault(node, set()).add(entry)
-        try:
-            yield entry[1]
-        finally:
-            with self._lock:
-                waiting = self._waiting.get(node)
-                if waiting is not None:
-                    waiting.discard(entry)
-                    if not waiting:
-                        del self._waiting[node]
-
-    def notify(self, node: str) -> None:
-        with self._lock:
-            entries = list(self._waiting.get(node, ()))
-        for loop, event in entries:
-            loop.call_soon_threadsafe(event.set)
-
-
-def notifier(request: Request) -> WorkNotifier:
-    found: WorkNotifier = request.app.state.gpumode_work
-    return found
 
 
 def _node_only(principal: Principal, node: str) -> None:
@@ -89,7 +60,7 @@ def _authenticate(state: ServerState, request: Request, node: str) -> None:
 
 def _claim(state: ServerState, node: str) -> WorkOut | None:
     with state.sessions() as session:
-        job = jobs.claim_work(session, node, state.platform_factory(session))
+        job = claim_work(session, node, state.platform_factory(session))
         if job is None:
             return None
         return WorkOut(
@@ -110,7 +81,7 @@ async def work(
     await run_in_threadpool(_authenticate, state, request, name)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    with notifier(request).waiter(name) as wake:  # registered before the first look: no wake-up is lost
+    with state.wakeups.waiter(name) as wake:  # registered before the first look: no wake-up is lost
         while True:
             wake.clear()
             found = await run_in_threadpool(_claim, state, name)
@@ -138,16 +109,16 @@ def events(
     platform: PlatformDep,
 ) -> JobEventsAck:
     try:
-        job = jobs.get_job(session, job_id, lock=True)
-    except jobs.NotFound as exc:
+        job = get_job(session, job_id, lock=True)
+    except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     _node_only(principal, job.node)
-    if not jobs.JobState(job.state).active:
+    if not JobState(job.state).active:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is already {job.state}")
     reports = [
-        jobs.StepReport(
+        StepReport(
             step=e.step,
-            state=jobs.StepState(e.state),
+            state=StepState(e.state),
             at=None if e.at is None else datetime.fromtimestamp(e.at, UTC),
             error=e.error,
             note=e.note,
@@ -155,25 +126,25 @@ def events(
         for e in body.steps
     ]
     try:
-        if job.host_state in (jobs.HostState.PENDING.value, jobs.HostState.RUNNING.value):
-            jobs.apply_step_reports(job, reports, platform)
+        if job.host_state in (HostState.PENDING.value, HostState.RUNNING.value):
+            apply_step_reports(job, reports, platform)
             if body.host is not None:
-                jobs.host_finished(session, platform, job, jobs.HostState(body.host.result), body.host.error)
+                host_finished(session, platform, job, HostState(body.host.result), body.host.error)
         else:
             # the host part is over: the cloud steps wait for the platform (or a server died before they
             # ran), or the cloud's picture of an undone host is being put back: one more try
-            jobs.continue_cloud(session, platform, job)
-    except jobs.JobError as exc:
+            continue_cloud(session, platform, job)
+    except JobError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
     detail: dict[str, Any] = {"steps": len(reports)}
     if body.host is not None:
         detail["host"] = body.host.result
-    if not jobs.JobState(job.state).active:
-        jobs.ended(session, job, platform)
+    if not JobState(job.state).active:
+        ended(session, job, platform)
     audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"{detail} -> {job.state}")
     return JobEventsAck(
         job=job.id,
         state=job.state,
         cancel_requested=job.cancel_requested,
-        retry_after_s=jobs.retry_after(job),
+        retry_after_s=retry_after(job),
     )

@@ -18,12 +18,13 @@ from sqlalchemy import distinct, func, select, text
 from sqlalchemy.orm import Session
 
 from gpumode.domain import Mode
-from gpumode.server import jobs
 from gpumode.server.models import HostGroup, Job, Node, NodeGpu
 from gpumode.server.schemas import Whitelist
+from gpumode.server.switch.errors import NotFound
+from gpumode.server.switch.states import ACTIVE_STATES
 
 NAMED = 20  # refused members named on the page; the rest are counted
-ACTIVE = (jobs.JobState.QUEUED.value, jobs.JobState.RUNNING.value)
+
 
 # VMs per member from the stored VM lists (JSON arrays; a node that reported none holds JSON null). Counted
 # by the database: reading every member's list would cost as much as the page itself on a large group.
@@ -55,10 +56,10 @@ class GroupFigures:
 
 
 def group_id(session: Session, group: str) -> int:
-    """The group's id; :class:`jobs.NotFound` (worded as :func:`rollouts.members` words it) when unknown."""
+    """The group's id; :class:`NotFound` (worded as :func:`rollouts.members` words it) when unknown."""
     found = session.scalar(select(HostGroup.id).where(HostGroup.name == group))
     if found is None:
-        raise jobs.NotFound(f"no host group named {group!r}")
+        raise NotFound(f"no host group named {group!r}")
     return found
 
 
@@ -93,7 +94,7 @@ def figures(session: Session, gid: int, group: str, mode: Mode, rules: Whitelist
     busy = session.scalar(
         select(func.count(distinct(Job.node_id)))
         .join(Node, Node.id == Job.node_id)
-        .where(in_group, Job.state.in_(ACTIVE))
+        .where(in_group, Job.state.in_(ACTIVE_STATES))
     )
     refused, named = _refused(session, gid, group, mode, rules)
     return GroupFigures(
@@ -114,7 +115,7 @@ def _refused(
 ) -> tuple[int, list[tuple[str, str]]]:
     """Members the whitelist refuses ``mode`` on: all of them at the platform or group level, else those
     with a GPU of a model whose rule leaves the mode out (only NVIDIA models' rules apply, as in
-    :func:`jobs.policy_whitelist`)."""
+    :func:`gpumode.server.switch.planning.policy_whitelist`)."""
     members = select(Node.name).where(Node.group_id == gid).order_by(Node.name)
     if mode not in rules.platform:
         why = "disabled platform-wide"

@@ -1,11 +1,11 @@
 """Fleet rollouts in the dashboard: the list, one rollout followed live, and starting one on a host group
 with its dry run first.
 
-Everything goes through the functions behind ``POST /api/v1/groups/{group}/switch``
-(:mod:`gpumode.server.rollouts`), planned with the server's cloud platform like the API. The preview plans one
+Starting one goes through the switch service, as ``POST /api/v1/groups/{group}/switch`` does
+(:mod:`gpumode.server.switch.service`), planned with the server's cloud platform. The preview plans one
 page of members at a time (planning is a millisecond or two a host, and a group can hold thousands) and shows
 figures for the whole group read in SQL (:mod:`gpumode.server.web.group_figures`); confirming plans every
-member again with :func:`rollouts.plan_all`, as the API does, and stores exactly the request previewed.
+member again in :func:`service.start_rollout`, as the API does, and stores exactly the request previewed.
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ from starlette.concurrency import run_in_threadpool
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest, VmPolicy
-from gpumode.server import audit, jobs, rollouts, whitelist
+from gpumode.server import whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup, Job, Node, Rollout
-from gpumode.server.routes import work
 from gpumode.server.schemas import RolloutIn
 from gpumode.server.state import ServerState
+from gpumode.server.switch import planning, rollouts, service
+from gpumode.server.switch.errors import JobError, NotFound, refusal_detail
 from gpumode.server.web import group_figures, live
 from gpumode.server.web.access import WebUser, one, read_form, require_role
 from gpumode.server.web.queries import PAGE_SIZE
 from gpumode.server.web.render import page
 from gpumode.server.web.session import WebSession
+from gpumode.server.web.switch import caller
 
 router = APIRouter(include_in_schema=False)
 UI = "/ui"
@@ -108,7 +110,7 @@ def _choices(session: Session, state: ServerState) -> dict[str, Any]:
         ).all()
     )
     platform = state.platform_factory(session)
-    catalog = jobs.catalog()
+    catalog = planning.catalog()
     types = sorted({t.name for model in catalog.models.values() for t in model.vgpu_types})
     return {
         "groups": sizes,
@@ -166,12 +168,12 @@ def _values(fields: dict[str, list[str]]) -> dict[str, Any]:
 def _validate(values: dict[str, Any]) -> tuple[str, RolloutIn]:
     group = values.get("group")
     if not group:
-        raise jobs.JobError("invalid_option", "group: choose the host group to roll out to")
+        raise JobError("invalid_option", "group: choose the host group to roll out to")
     try:
         return group, RolloutIn.model_validate({k: v for k, v in values.items() if k != "group"})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise jobs.JobError("invalid_option", problems) from exc
+        raise JobError("invalid_option", problems) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,7 @@ def _resolve(session: Session, state: ServerState, values: dict[str, Any]) -> Re
     group, body = _validate(values)
     platform = state.platform_factory(session)
     gid = group_figures.group_id(session, group)
-    request = jobs.to_request(jobs.SwitchOptions.from_body(body), platform)
+    request = planning.to_request(body, platform)
     return Resolved(group, gid, body, request, platform)
 
 
@@ -229,18 +231,18 @@ def _preview(
                 session, resolved.group_id, resolved.group, resolved.body.mode, rules
             )
             if figures.members == 0:
-                raise jobs.JobError("empty_group", f"host group {resolved.group!r} has no nodes")
-        except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, values, jobs.refusal_detail(exc), 422)
+                raise JobError("empty_group", f"host group {resolved.group!r} has no nodes")
+        except (JobError, NotFound) as exc:
+            return _form_page(request, web, session, state, values, refusal_detail(exc), 422)
         pages = max(1, -(-figures.members // PREVIEW_PAGE))
         current = min(page_no, pages)
         members: list[Member] = []
         for node in group_figures.member_page(session, resolved.group_id, current, PREVIEW_PAGE):
             # each member as plan_all plans it for the API's dry run: the same function, rules and platform
             try:
-                plan = jobs.plan_for_node(session, node, resolved.request, rules, resolved.platform)
+                plan = planning.plan_for_node(session, node, resolved.request, rules, resolved.platform)
                 members.append(Member(node.name, plan))
-            except jobs.JobError as exc:
+            except JobError as exc:
                 members.append(Member(node.name, None, exc.message))
         session.rollback()
         refused_here = sum(1 for m in members if m.refused)
@@ -265,12 +267,13 @@ def _preview(
         )
 
 
-def _refusals(exc: rollouts.GroupNotPlannable, nodes: list[Node]) -> dict[str, Any]:
+def _refusals(exc: rollouts.GroupNotPlannable) -> dict[str, Any]:
     """A whole-group refusal as a list of members and reasons, not hundreds of names run together."""
     lines = list(exc.refused.items())
+    members = len(lines) + len(exc.choices)
     return {
         **exc.detail(),
-        "message": f"{len(lines)} of {len(nodes)} hosts may not be switched; nothing was started",
+        "message": f"{len(lines)} of {members} hosts may not be switched; nothing was started",
         "choices": [],
         "refused": lines[:CONFIRM_NAMED],
         "refused_more": max(0, len(lines) - CONFIRM_NAMED),
@@ -285,44 +288,17 @@ async def confirm(request: Request, web: WebUser, state: StateDep) -> Response:
 
 
 def _confirm(request: Request, web: WebSession, state: ServerState, values: dict[str, Any]) -> Response:
-    """Every member planned again, as ``POST /api/v1/groups/{group}/switch`` does: one that may not be
-    switched refuses the whole rollout, and the form says which and why."""
+    """Every member planned again by the switch service, as ``POST /api/v1/groups/{group}/switch`` does: one
+    that may not be switched refuses the whole rollout, and the form says which and why."""
     with state.sessions() as session:
-        nodes: list[Node] = []
         try:
-            resolved = _resolve(session, state, values)
-            nodes = rollouts.members(session, resolved.group)
-            if not nodes:
-                raise jobs.JobError("empty_group", f"host group {resolved.group!r} has no nodes")
-            rollouts.plan_all(session, nodes, resolved.request, resolved.platform)
-            rollout = rollouts.create(
-                session,
-                resolved.group,
-                nodes,
-                resolved.request,
-                resolved.platform,
-                concurrency=resolved.body.concurrency,
-                max_failures=resolved.body.max_failures,
-                created_by=web.principal.name,
-            )
-        except (jobs.JobError, jobs.NotFound) as exc:
-            session.rollback()
-            if isinstance(exc, rollouts.GroupNotPlannable):
-                error = _refusals(exc, nodes)
-            else:
-                error = jobs.refusal_detail(exc)
-            return _form_page(request, web, session, state, values, error, 422)
-        audit.commit_audited(
-            request,
-            session,
-            target=f"group:{resolved.group}",
-            status_code=201,
-            detail=f"rollout {rollout.id}",
-        )
-        rollout_id, members = rollout.id, list(rollout.nodes)
-    for name in members:
-        work.notifier(request).notify(name)
-    return RedirectResponse(f"{UI}/rollouts/{rollout_id}", status_code=status.HTTP_303_SEE_OTHER)
+            group, body = _validate(values)
+            rollout = service.start_rollout(caller(request, web, state, session), group, body)
+        except rollouts.GroupNotPlannable as exc:
+            return _form_page(request, web, session, state, values, _refusals(exc), 422)
+        except (JobError, NotFound) as exc:
+            return _form_page(request, web, session, state, values, refusal_detail(exc), 422)
+    return RedirectResponse(f"{UI}/rollouts/{rollout.id}", status_code=status.HTTP_303_SEE_OTHER)
 
 
 # --- one rollout, live --------------------------------------------------------------------------------------
@@ -331,7 +307,7 @@ def _confirm(request: Request, web: WebSession, state: ServerState, values: dict
 def _rollout(session: Session, rollout_id: int) -> Rollout:
     try:
         return rollouts.get(session, rollout_id)
-    except jobs.NotFound as exc:
+    except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
 

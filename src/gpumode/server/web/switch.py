@@ -1,8 +1,9 @@
 """Switching a host from the dashboard: the form, the dry-run preview, the confirmation, and the job page
 that follows the job live (server-sent events) until it ends.
 
-Everything goes through the same functions as ``POST /api/v1/nodes/{name}/switch``
-(:mod:`gpumode.server.jobs`): the preview is the dry-run plan, and confirming stores exactly that request.
+Everything goes through the switch service, as ``POST /api/v1/nodes/{name}/switch`` does
+(:mod:`gpumode.server.switch.service`): the preview is the dry-run plan, and confirming stores exactly that
+request.
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot, Mode, VmPolicy
 from gpumode.modes import policy
-from gpumode.server import audit, jobs, whitelist
+from gpumode.server import audit, whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup, Job, Node
-from gpumode.server.routes import work
 from gpumode.server.schemas import SwitchIn
 from gpumode.server.state import ServerState
+from gpumode.server.switch import planning, service
+from gpumode.server.switch.codec import plan_json
+from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound, refusal_detail
+from gpumode.server.switch.service import Caller
+from gpumode.server.switch.states import JobState
+from gpumode.server.switch.store import get_job
 from gpumode.server.web import live
 from gpumode.server.web.access import WebUser, read_form, require_role
 from gpumode.server.web.render import duration, page
@@ -44,10 +50,10 @@ def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]
     aliases."""
     snap = HostSnapshot.from_dict(node.snapshot)
     stored = whitelist.load(session)
-    rules = jobs.policy_whitelist(stored)
+    rules = planning.policy_whitelist(stored)
     group_name = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
     group = rules.group(node.name, group_name if group_name in stored.groups else None)
-    catalog = jobs.catalog()
+    catalog = planning.catalog()
     reasons: dict[Mode, list[str]] = {m: [] for m in policy.REQUESTABLE}
     gpus = []
     types: set[str] = set()
@@ -79,8 +85,8 @@ def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]
 
 def _node(session: Session, name: str) -> Node:
     try:
-        return jobs.find_node(session, name)
-    except jobs.NotFound as exc:
+        return planning.find_node(session, name)
+    except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
 
@@ -131,15 +137,14 @@ def _validate(values: dict[str, Any]) -> SwitchIn:
         return SwitchIn.model_validate(values)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise jobs.JobError("invalid_option", problems) from exc
+        raise JobError("invalid_option", problems) from exc
 
 
-def _plan(session: Session, state: ServerState, node: Node, body: SwitchIn) -> Any:
-    options = jobs.SwitchOptions.from_body(body)
-    platform = state.platform_factory(session)
-    request = jobs.to_request(options, platform)
-    # with the platform, as the API does: its host steps (OpenStack's nova-compute drop-in) join the plan
-    return jobs.plan_for_node(session, node, request, whitelist.load(session), platform)
+def caller(request: Request, web: WebSession, state: ServerState, session: Session) -> Caller:
+    """A dashboard call into the switch service: audited like the API, waking agents the same way."""
+    return Caller(
+        session, state.platform_factory(session), audit.Trail(request), state.wakeups, web.principal.name
+    )
 
 
 @router.post(UI + "/nodes/{name}/switch/preview", response_class=HTMLResponse)
@@ -156,13 +161,10 @@ def _preview(
     with state.sessions() as session:
         node = _node(session, name)
         try:
-            plan = _plan(session, state, node, _validate(values))
-        except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, node, values, jobs.refusal_detail(exc), 422)
-        session.rollback()
-        return page(
-            request, web, "preview.html", nav="fleet", node=node, plan=jobs.plan_json(plan), values=values
-        )
+            plan = service.preview_switch(caller(request, web, state, session), name, _validate(values))
+        except (JobError, NotFound) as exc:
+            return _form_page(request, web, session, state, node, values, refusal_detail(exc), 422)
+        return page(request, web, "preview.html", nav="fleet", node=node, plan=plan_json(plan), values=values)
 
 
 @router.post(UI + "/nodes/{name}/switch", response_model=None)
@@ -178,13 +180,10 @@ def _confirm(
     with state.sessions() as session:
         node = _node(session, name)
         try:
-            plan = _plan(session, state, node, _validate(values))
-        except (jobs.JobError, jobs.NotFound) as exc:
-            return _form_page(request, web, session, state, node, values, jobs.refusal_detail(exc), 422)
-        try:
-            job = jobs.create_job(session, node, plan, created_by=web.principal.name)
-        except jobs.ActiveJobExists as exc:
-            session.rollback()
+            job = service.start_switch(caller(request, web, state, session), name, _validate(values))
+        except (JobError, NotFound) as exc:
+            return _form_page(request, web, session, state, node, values, refusal_detail(exc), 422)
+        except ActiveJobExists as exc:
             error: dict[str, Any] = {
                 "code": "active_job",
                 "message": str(exc),
@@ -192,12 +191,7 @@ def _confirm(
                 "job": exc.job_id,
             }
             return _form_page(request, web, session, state, node, values, error, 409)
-        audit.commit_audited(
-            request, session, target=f"node:{name}", status_code=201, detail=f"job {job.id}: {job.request}"
-        )
-        job_id = job.id
-    work.notifier(request).notify(name)
-    return RedirectResponse(f"{UI}/jobs/{job_id}", status_code=status.HTTP_303_SEE_OTHER)
+    return RedirectResponse(f"{UI}/jobs/{job.id}", status_code=status.HTTP_303_SEE_OTHER)
 
 
 # --- the job ------------------------------------------------------------------------------------------------
@@ -205,8 +199,8 @@ def _confirm(
 
 def _job(session: Session, job_id: int) -> Job:
     try:
-        return jobs.get_job(session, job_id)
-    except jobs.NotFound as exc:
+        return get_job(session, job_id)
+    except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
 
@@ -218,7 +212,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "node": job.node,
         "state": job.state,
         "host_state": job.host_state,
-        "active": jobs.JobState(job.state).active,
+        "active": JobState(job.state).active,
         "cancel_requested": job.cancel_requested,
         "error": job.error,
         "duration": duration(job.started_at or job.created_at, job.finished_at),
@@ -305,14 +299,8 @@ async def cancel(request: Request, job_id: int, web: WebUser, state: StateDep) -
 def _cancel(request: Request, web: WebSession, state: ServerState, job_id: int) -> None:
     with state.sessions() as session:
         try:
-            job = jobs.get_job(session, job_id, lock=True)
-            jobs.cancel(session, job, web.principal.name)
-        except jobs.NotFound as exc:
+            service.cancel_job(caller(request, web, state, session), job_id)
+        except NotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-        except jobs.JobConflict as exc:
+        except JobConflict as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-        if not jobs.JobState(job.state).active:
-            jobs.ended(session, job, state.platform_factory(session))
-        audit.commit_audited(request, session, target=f"job:{job.id}", detail=f"now {job.state}")
-        node = job.node
-    work.notifier(request).notify(node)

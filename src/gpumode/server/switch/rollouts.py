@@ -21,8 +21,14 @@ from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest
-from gpumode.server import jobs, whitelist
+from gpumode.server import whitelist
 from gpumode.server.models import HostGroup, Job, Node, Rollout
+from gpumode.server.switch.codec import request_from_json, request_json
+from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound
+from gpumode.server.switch.lifecycle import cancel as cancel_job
+from gpumode.server.switch.planning import plan_for_node
+from gpumode.server.switch.states import JobState
+from gpumode.server.switch.store import create_job, ended_event, now
 
 
 class RolloutState(StrEnum):
@@ -33,14 +39,14 @@ class RolloutState(StrEnum):
 
 
 def members(session: Session, group: str) -> list[Node]:
-    """The group's nodes, by name; :class:`jobs.NotFound` for an unknown group."""
+    """The group's nodes, by name; :class:`NotFound` for an unknown group."""
     group_id = session.scalar(select(HostGroup.id).where(HostGroup.name == group))
     if group_id is None:
-        raise jobs.NotFound(f"no host group named {group!r}")
+        raise NotFound(f"no host group named {group!r}")
     return list(session.scalars(select(Node).where(Node.group_id == group_id).order_by(Node.name)))
 
 
-class GroupNotPlannable(jobs.JobError):
+class GroupNotPlannable(JobError):
     """Some members may not be switched: ``refused`` maps each, in member order, to the reason (the
     dashboard lists them; the API shows the message, which names them all)."""
 
@@ -59,8 +65,8 @@ def plan_all(
     refused: dict[str, str] = {}
     for node in nodes:
         try:
-            plans[node.name] = jobs.plan_for_node(session, node, request, rules, platform)
-        except jobs.JobError as exc:
+            plans[node.name] = plan_for_node(session, node, request, rules, platform)
+        except JobError as exc:
             refused[node.name] = exc.message
     if refused:
         raise GroupNotPlannable(refused, list(plans))
@@ -80,17 +86,17 @@ def create(
 ) -> Rollout:
     """Store the rollout and start its first jobs (flushes; the caller commits)."""
     if not nodes:
-        raise jobs.JobError("empty_group", f"host group {group!r} has no nodes")
+        raise JobError("empty_group", f"host group {group!r} has no nodes")
     rollout = Rollout(
         group_name=group,
-        request=jobs.request_json(request),
+        request=request_json(request),
         nodes=[n.name for n in nodes],
         concurrency=concurrency,
         max_failures=max_failures,
         state=RolloutState.RUNNING.value,
         blocked=[],
         created_by=created_by,
-        created_at=jobs.now(),
+        created_at=now(),
     )
     session.add(rollout)
     session.flush()
@@ -106,9 +112,9 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
     own = list(session.scalars(select(Job).where(Job.rollout_id == rollout.id)))
     started = {j.node for j in own}
     blocked = list(rollout.blocked)
-    active = sum(1 for j in own if jobs.JobState(j.state).active)
+    active = sum(1 for j in own if JobState(j.state).active)
     rules = whitelist.load(session)
-    request = jobs.request_from_json(rollout.request)
+    request = request_from_json(rollout.request)
     for name in rollout.nodes:
         if active >= rollout.concurrency or _failures(own, blocked) > rollout.max_failures:
             break
@@ -117,12 +123,10 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
         node = session.scalars(select(Node).where(Node.name == name)).first()
         try:
             if node is None:
-                raise jobs.NotFound(f"node {name} was removed")
-            plan = jobs.plan_for_node(session, node, request, rules, platform)
-            job = jobs.create_job(
-                session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id
-            )
-        except (jobs.ActiveJobExists, jobs.JobError, jobs.NotFound) as exc:
+                raise NotFound(f"node {name} was removed")
+            plan = plan_for_node(session, node, request, rules, platform)
+            job = create_job(session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id)
+        except (ActiveJobExists, JobError, NotFound) as exc:
             blocked.append(f"{name}: {exc}")
             continue
         own.append(job)
@@ -132,7 +136,7 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
     failures = _failures(own, blocked)
     if active == 0 and (not pending or failures > rollout.max_failures):
         rollout.state = (RolloutState.SUCCEEDED if failures == 0 else RolloutState.FAILED).value
-        rollout.finished_at = jobs.now()
+        rollout.finished_at = now()
     session.flush()
 
 
@@ -144,19 +148,19 @@ def cancel(session: Session, rollout: Rollout, by: str) -> list[Job]:
     and commits.
     """
     if rollout.state != RolloutState.RUNNING.value:
-        raise jobs.JobConflict(f"rollout {rollout.id} is already {rollout.state}")
+        raise JobConflict(f"rollout {rollout.id} is already {rollout.state}")
     rollout.state = RolloutState.CANCELLED.value
-    rollout.finished_at = jobs.now()
+    rollout.finished_at = now()
     queued = session.scalars(
         select(Job)
-        .where(Job.rollout_id == rollout.id, Job.state == jobs.JobState.QUEUED.value)
+        .where(Job.rollout_id == rollout.id, Job.state == JobState.QUEUED.value)
         .order_by(Job.id)
         .with_for_update()
     )
     cancelled = []
     for job in queued:
-        jobs.cancel(session, job, f"{by} (rollout {rollout.id} cancelled)")
-        session.add(jobs.ended_event(job))
+        cancel_job(session, job, f"{by} (rollout {rollout.id} cancelled)")
+        session.add(ended_event(job))
         cancelled.append(job)
     session.flush()
     return cancelled
@@ -167,9 +171,7 @@ def _is_blocked(name: str, blocked: Sequence[str]) -> bool:
 
 
 def _failures(own: Sequence[Job], blocked: Sequence[str]) -> int:
-    ended_badly = sum(
-        1 for j in own if not jobs.JobState(j.state).active and j.state != jobs.JobState.SUCCEEDED.value
-    )
+    ended_badly = sum(1 for j in own if not JobState(j.state).active and j.state != JobState.SUCCEEDED.value)
     return ended_badly + len(blocked)
 
 
@@ -177,7 +179,7 @@ def get(session: Session, rollout_id: int, *, lock: bool = False) -> Rollout:
     query = select(Rollout).where(Rollout.id == rollout_id)
     rollout = session.scalars(query.with_for_update() if lock else query).first()
     if rollout is None:
-        raise jobs.NotFound(f"no rollout {rollout_id}")
+        raise NotFound(f"no rollout {rollout_id}")
     return rollout
 
 
@@ -214,5 +216,5 @@ def running_ids(session: Session) -> list[int]:
 
 def after_job(session: Session, job: Job, platform: CloudPlatform) -> None:
     """A job ended: if it belongs to a rollout, let the rollout move on."""
-    if job.rollout_id is not None and not jobs.JobState(job.state).active:
+    if job.rollout_id is not None and not JobState(job.state).active:
         advance(session, job.rollout_id, platform)

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 SNAPSHOT_SCHEMA = "gpumode.snapshot/v1"
 
@@ -369,6 +369,30 @@ def _drop_unset_additions(body: dict[str, Any]) -> None:
 
 
 # --- plans --------------------------------------------------------------------------------------------------
+
+DeviceKind = Literal["pci", "mdev"]
+
+
+@dataclass(frozen=True, slots=True)
+class VmDevice:
+    """A host device in a VM's definition: a PCI function (passthrough GPU, vGPU VF) or an mdev."""
+
+    kind: DeviceKind
+    id: str  # PCI address ("0000:3b:00.0") or mdev uuid
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+
+@dataclass(slots=True)
+class Vm:
+    """A VM defined on a host, as its hypervisor lists it (and its agent reports it)."""
+
+    name: str
+    uuid: str
+    running: bool
+    devices: list[VmDevice] = field(default_factory=list)
+
 
 class VmPolicy(StrEnum):
     """What a switch may do to running VMs."""

@@ -21,9 +21,10 @@ from gpumode.domain import (
     Sriov,
     SwitchRequest,
     VendorVgpu,
+    Vm,
+    VmDevice,
     VmPolicy,
 )
-from gpumode.host.vms import Vm, VmDevice
 from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.plan import plan_switch
 from gpumode.modes.policy import Whitelist, load_whitelist

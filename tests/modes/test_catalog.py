@@ -10,7 +10,8 @@ import yaml
 
 from gpumode.domain import Flavour
 from gpumode.emulated.fixtures.models import MODELS
-from gpumode.modes.catalog import ACTIONS, ConfigError, load_catalog, parse_catalog
+from gpumode.modes.catalog import ACTIONS, load_catalog, parse_catalog
+from gpumode.yamlfile import ConfigError
 
 
 def default_data() -> dict[str, Any]:

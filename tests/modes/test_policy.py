@@ -8,7 +8,6 @@ import pytest
 from plan_builders import B200, CATALOG, L40S, T4, HostBuilder, plan, request
 
 from gpumode.domain import Mode, SwitchRequest
-from gpumode.modes.catalog import ConfigError
 from gpumode.modes.policy import (
     RequestError,
     load_whitelist,
@@ -18,6 +17,7 @@ from gpumode.modes.policy import (
     resolve_request,
     vgpu_offer,
 )
+from gpumode.yamlfile import ConfigError
 
 G1, G2 = "0000:17:00.0", "0000:3a:00.0"
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumode.agent.client import ApiError, Client, Stopped
-from gpumode.domain import HostSnapshot
+from gpumode.domain import HostSnapshot, Vm
 from gpumode.host.discover import discover
 from gpumode.host.root import Host
-from gpumode.host.vms import Vm, open_hypervisor
+from gpumode.host.vms import open_hypervisor
 
 log = logging.getLogger(__name__)
 

@@ -61,11 +61,11 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
 def _errors() -> Iterator[None]:
     """Turn the engine's exceptions into one clear line and the documented exit code."""
     from gpumode.domain import PciAddressError
-    from gpumode.modes.catalog import ConfigError
     from gpumode.modes.desired import DesiredStateError
     from gpumode.modes.engine import EngineError
     from gpumode.modes.journal import EngineBusy, JournalError
     from gpumode.modes.policy import RequestError
+    from gpumode.yamlfile import ConfigError
 
     try:
         yield

@@ -1,6 +1,6 @@
 """The default cloud platform: cards, vGPU profiles and passthrough aliases kept in gpumode's own database.
 
-The tables live on :data:`metadata`, which the server's models share, so one Alembic history covers them.
+The tables live on :data:`gpumode.orm.metadata`, with the server's models, so one Alembic history covers them.
 Cards name their node by hostname rather than by foreign key: a cloud platform knows hosts by name, and this
 keeps the platform free of server imports (arrows point down).
 """
@@ -8,10 +8,10 @@ keeps the platform free of server imports (arrows point down).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Integer, MetaData, String, delete, func, select
+from sqlalchemy import DateTime, Integer, String, delete, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from gpumode.cloud.base import (
@@ -26,30 +26,7 @@ from gpumode.cloud.base import (
     VgpuProfile,
 )
 from gpumode.domain import HostSnapshot, Mode, Plan, VmPolicy
-
-# Named constraints keep migrations identical on SQLite and PostgreSQL.
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(column_0_label)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
-
-
-# Card ids are never reused, even on SQLite: a scheduler that remembers card 7 must never find another card 7.
-NO_ID_REUSE = {"sqlite_autoincrement": True}
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def as_utc(value: datetime) -> datetime:
-    """SQLite hands timestamps back naive; they were stored as UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+from gpumode.orm import NO_ID_REUSE, as_utc, metadata, utcnow
 
 
 class CloudBase(DeclarativeBase):

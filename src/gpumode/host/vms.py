@@ -8,33 +8,16 @@ The mode engine only needs to list VMs with their GPU devices, stop and start th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+# Vm and VmDevice live in gpumode.domain (the planner and the server use them); re-exported here for the
+# host and emulated modules that import them with the Hypervisor protocol, this round.
+from gpumode.domain import DeviceKind as DeviceKind
+from gpumode.domain import Vm as Vm
+from gpumode.domain import VmDevice as VmDevice
 
 if TYPE_CHECKING:
     from gpumode.host.root import Host
-
-DeviceKind = Literal["pci", "mdev"]
-
-
-@dataclass(frozen=True, slots=True)
-class VmDevice:
-    """A host device in a VM's definition: a PCI function (passthrough GPU, vGPU VF) or an mdev."""
-
-    kind: DeviceKind
-    id: str  # PCI address ("0000:3b:00.0") or mdev uuid
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.id}"
-
-
-@dataclass(slots=True)
-class Vm:
-    name: str
-    uuid: str
-    running: bool
-    devices: list[VmDevice] = field(default_factory=list)
-
 
 class HypervisorError(RuntimeError):
     """A VM operation failed; the message names the VM and what was attempted."""

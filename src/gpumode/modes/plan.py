@@ -29,9 +29,10 @@ from gpumode.domain import (
     SriovLayoutError,
     Step,
     SwitchRequest,
+    Vm,
+    VmDevice,
     VmPolicy,
 )
-from gpumode.host.vms import Vm, VmDevice
 from gpumode.modes.catalog import Catalog, FlavourSpec
 from gpumode.modes.policy import RequestError, Resolved, VgpuChoice, Whitelist, resolve_request
 

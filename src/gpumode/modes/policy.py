@@ -31,7 +31,8 @@ from gpumode.domain import (
     VmPolicy,
     normalize_address,
 )
-from gpumode.modes.catalog import Catalog, Node, VgpuInterface, VgpuType, read_yaml
+from gpumode.modes.catalog import Catalog, VgpuInterface, VgpuType
+from gpumode.yamlfile import Node, read_yaml
 
 WHITELIST_VERSION = "v1"
 REQUESTABLE = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)

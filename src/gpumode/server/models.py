@@ -23,7 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
-from gpumode.cloud import embedded
+from gpumode import orm
 
 # JSONB on PostgreSQL (compact, indexable); plain JSON text on SQLite.
 Json = JSON().with_variant(JSONB(), "postgresql")
@@ -31,11 +31,11 @@ Json = JSON().with_variant(JSONB(), "postgresql")
 
 # Ids are never reused (SQLite would otherwise hand a deleted row's id to the next row): an id that once meant
 # one token or event must not come to mean another.
-NO_ID_REUSE = embedded.NO_ID_REUSE
+NO_ID_REUSE = orm.NO_ID_REUSE
 
 
 class Base(DeclarativeBase):
-    metadata = embedded.metadata
+    metadata = orm.metadata
 
 
 class HostGroup(Base):

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from gpumode.cloud.base import CardStatus
-from gpumode.cloud.embedded import as_utc
 from gpumode.domain import Mode, VmPolicy
+from gpumode.orm import as_utc
 from gpumode.server.auth import Role
 from gpumode.server.snapshot import Hostname, SnapshotIn
 

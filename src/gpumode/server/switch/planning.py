@@ -9,8 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import CloudError, CloudHostSteps, CloudPlatform, SwitchHooks
-from gpumode.domain import HostSnapshot, Mode, Plan, SwitchRequest
-from gpumode.host.vms import Vm, VmDevice
+from gpumode.domain import HostSnapshot, Mode, Plan, SwitchRequest, Vm, VmDevice
 from gpumode.modes import policy
 from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.plan import plan_switch

@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
-from gpumode.cloud.embedded import as_utc
+from gpumode.orm import as_utc
 from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node, NodeGpu
 
 PAGE_SIZE = 50

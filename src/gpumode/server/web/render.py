@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gpumode.cloud.embedded import as_utc
+from gpumode.orm import as_utc
 from gpumode.server.auth import Role
 from gpumode.server.web.session import WebSession
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpumode.emulated import packages, services
+from gpumode.emulated.interrupts import signal_point
 from gpumode.emulated.packages import CATALOGUE, Outcome, PackageDef
 
 _HEADER = "Reading package lists...\nBuilding dependency tree...\nReading state information...\n"
@@ -102,7 +103,9 @@ def _install(root: Path, names: list[str], assume_yes: bool) -> Outcome:
                 "E: Sub-process /usr/bin/dpkg returned an error code (1)\n"
             )
             return 100, out + f"Selecting previously unselected package {pkg.name}.\n", err
-    for pkg in new:
+    for n, pkg in enumerate(new):
+        if n == 1:
+            signal_point(root, "middle")  # one archive unpacked, the next not yet
         packages.unpack(root, pkg)
         have[pkg.name] = pkg.version
         out += (
@@ -152,7 +155,9 @@ def _remove(root: Path, names: list[str], purge: bool, assume_yes: bool) -> Outc
     out += f"0 upgraded, 0 newly installed, {len(doomed)} to remove and 0 not upgraded.\n"
     if any(n not in names for n in doomed) and not assume_yes:
         return 1, out + "Do you want to continue? [Y/n] Abort.\n", ""
-    for name in reversed(doomed):  # dependants first
+    for n, name in enumerate(reversed(doomed)):  # dependants first
+        if n == 1:
+            signal_point(root, "middle")  # one package removed, the next not yet
         pkg = CATALOGUE.get(name)
         out += f"Removing {name} ({have[name]}) ...\n"
         if pkg is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpumode.domain import GPU_CLASSES, NVIDIA_VENDOR, PciAddress, PciAddressError
 from gpumode.emulated import nvidia
+from gpumode.emulated.interrupts import signal_point
 from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.emulated.packages import CATALOGUE, Outcome, installed
 from gpumode.emulated.spec import VgpuTypeSpec
@@ -134,6 +135,8 @@ def _through_pf_stub(host: Host, dev: Path, bdf: str, numvfs: str) -> None:
     if _driver(dev) != PF_STUB:
         host.write(host.path(PCI, "drivers", PF_STUB, "bind"), bdf)
     host.write(dev / "sriov_numvfs", numvfs)
+    # halfway: VFs changed, the PF still on pci-pf-stub, its id still in pci-pf-stub's dynamic ids
+    signal_point(host.root, "middle")
     host.write(host.path(PCI, "drivers", PF_STUB, "unbind"), bdf)
     host.write(host.path(PCI, "drivers", PF_STUB, "remove_id"), ids)
     host.write(host.path(PCI, "drivers/nvidia/bind"), bdf)

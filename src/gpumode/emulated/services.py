@@ -17,6 +17,7 @@ import secrets
 from pathlib import Path
 
 from gpumode.domain import CLASS_NVSWITCH, GPU_CLASSES, NVIDIA_VENDOR
+from gpumode.emulated.interrupts import signal_point
 from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.emulated.packages import UNIT_DIR, WANTS_DIR, Outcome, UnitDef, unit_def
 from gpumode.emulated.state import KernelState
@@ -101,6 +102,7 @@ def start(root: Path, name: str) -> Outcome:
         except OSError:
             kernel.close_all(unit)  # the daemon exits: whatever it had opened is closed again
             return _failed(unit)
+    signal_point(root, "middle")  # the daemon holds its devices, systemd does not count it active yet
     link = root / RUNTIME_DIR / f"invocation:{unit}"
     link.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(secrets.token_hex(16), link)  # systemd's link target is the invocation id
@@ -112,6 +114,7 @@ def stop(root: Path, name: str) -> Outcome:
     if not unit_exists(root, unit) and not is_active(root, unit):
         return 5, "", f"Failed to stop {unit}: Unit {unit} not loaded.\n"
     EmulatedKernel(root).close_all(unit)
+    signal_point(root, "middle")  # the daemon is gone, systemd still counts the unit active
     (root / RUNTIME_DIR / f"invocation:{unit}").unlink(missing_ok=True)
     return 0, "", ""
 

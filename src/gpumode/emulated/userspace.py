@@ -8,7 +8,11 @@ through syscalls, with the real tool's exit codes and messages. Two things make 
   stdout, stderr, whether a fault answered it), so tests can assert what a plan actually ran;
 - ``DIR/.gpumode-emulated/faults.json`` makes a command fail: it maps an argv prefix (``"apt-get install"``)
   to ``{"returncode": 100, "stderr": "...", "stdout": "", "count": 1}``; a matching command does nothing and
-  answers that instead, ``count`` times (see :func:`inject_command_fault`).
+  answers that instead, ``count`` times (see :func:`inject_command_fault`);
+- ``DIR/.gpumode-emulated/signals.json`` interrupts a command while it runs: at a named point (``start``:
+  before it does anything, ``middle``: halfway through its work, ``end``: done, just before it returns) the
+  process running it sends itself a signal (SIGINT, SIGTERM or SIGKILL), as a Ctrl-C, a stop or a crash would
+  arrive while the real tool runs (:mod:`gpumode.emulated.interrupts`). Each tool says where its middle is.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from gpumode.emulated import apt, nvidia_tools, services
 from gpumode.emulated import modules as kmodules
+from gpumode.emulated.interrupts import current_command, signal_point
 from gpumode.emulated.kernel import EmulatedKernel
 from gpumode.emulated.packages import Outcome
 from gpumode.host.root import EMULATION_MARKER, CommandResult, Host
@@ -152,7 +157,10 @@ def run_emulated(root: Path, argv: tuple[str, ...]) -> CommandResult:
     argv = tuple(argv)
     with _userspace_lock(root):
         fault = _take_fault(root, argv) if argv else None
-        outcome = fault if fault is not None else dispatch(root, argv)
+        with current_command(argv):
+            signal_point(root, "start")
+            outcome = fault if fault is not None else dispatch(root, argv)
+            signal_point(root, "end")
         _log(root, argv, outcome, fault is not None)
     return CommandResult(argv, outcome[0], outcome[1], outcome[2])
 
@@ -264,6 +272,7 @@ def _modprobe_remove(root: Path, names: list[str], quiet: bool) -> Outcome:
             if exc.errno == errno.EBUSY:
                 return 1, "", f"modprobe: FATAL: Module {name} is in use.\n"
             return 1, "", f"modprobe: FATAL: Module {name}: {os.strerror(exc.errno or errno.EIO)}\n"
+        signal_point(root, "middle")  # the module is out, the dependencies it pulled in not yet
         _remove_unused_dependencies(kernel, module.depends)
     return 0, "", ""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from gpumode.domain import Plan, Step, normalize_address
-from gpumode.host import bind, driverops, vgpu
+from gpumode.host import bind, driverops, sriov, vgpu
 from gpumode.host.root import Host
 from gpumode.host.vms import Hypervisor, Vm, VmDevice
 
@@ -271,31 +271,64 @@ class VgpuCreate(_Base):
 
 
 class _Sriov(_Base):
+    """``sriov-manage -e|-d`` with gpumode's own repairs around it: an interrupted run of the tool leaves the
+    PF on pci-pf-stub (or driverless) and its id in pci-pf-stub, which make every later run fail; those are
+    repaired with kernel writes first (:func:`gpumode.host.sriov.settle`). When the tool is gone (removed with
+    the vGPU manager, e.g. during the undo of a rollback) gpumode does the same dance itself."""
+
     enable: ClassVar[bool]
 
     def _enabled(self, host: Host, ctx: StepContext) -> bool:
         return _read_int(host, ctx.step.target, "sriov_numvfs") > 0
 
     def check(self, host: Host, ctx: StepContext) -> bool:
-        return self._enabled(host, ctx) == self.enable
+        # VFs changed but the PF still on pci-pf-stub is sriov-manage cut off halfway: not done yet
+        return self._enabled(host, ctx) == self.enable and not sriov.leftovers(host, ctx.step.target)
 
     def apply(self, host: Host, ctx: StepContext) -> None:
         pf = ctx.step.target
         vfs = vgpu.list_vfs(host, pf)
         drivers = {vf: _driver(host, vf) for vf in vfs}
         ctx.remember(num_vfs_before=_read_int(host, pf, "sriov_numvfs"), vf_drivers=drivers)
-        host.run(_argv(ctx, "argv"), check=True)
+        self._switch(host, ctx, "argv", self.enable)
 
     def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
         pf = ctx.step.target
         if "num_vfs_before" not in record or not _exists(host, pf):
             return
-        if self._enabled(host, ctx) != (record["num_vfs_before"] > 0):
-            host.run(_argv(ctx, "undo_argv"), check=True)
+        was_enabled = record["num_vfs_before"] > 0
+        if self._enabled(host, ctx) != was_enabled:
+            self._switch(host, ctx, "undo_argv", was_enabled)
+        else:
+            _settle(host, pf)
         # sriov-manage unbinds the VFs before it touches the PF: a failure halfway leaves them driverless
         for vf, driver in (record.get("vf_drivers") or {}).items():
             if driver and _exists(host, vf) and _driver(host, vf) is None:
                 host.write(host.path("sys/bus/pci/drivers", driver, "bind"), vf)
+
+    @staticmethod
+    def _switch(host: Host, ctx: StepContext, argv_name: str, enable: bool) -> None:
+        pf, argv = ctx.step.target, _argv(ctx, argv_name)
+        _settle(host, pf)
+        if "/" in argv[0] and not host.path(argv[0]).is_file():
+            # the tool went with the vGPU manager: gpumode's own writes do what it would
+            _sriov(lambda: sriov.set_num_vfs(host, pf, enable))
+            return
+        try:
+            host.run(argv, check=True)
+        finally:
+            _settle(host, pf)  # the tool failed or was cut off halfway: give the PF back to nvidia
+
+
+def _settle(host: Host, pf: str) -> None:
+    _sriov(lambda: sriov.settle(host, pf))
+
+
+def _sriov(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except sriov.SriovError as exc:
+        raise StepError(str(exc)) from exc
 
 
 class SriovEnable(_Sriov):

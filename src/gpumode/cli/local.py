@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_BUSY = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 console = Console()
 err_console = Console(stderr=True)
@@ -75,6 +76,14 @@ def _errors() -> Iterator[None]:
     except (EngineBusy, EngineError, JournalError) as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_BUSY) from None
+    except KeyboardInterrupt:
+        # outside a run's steps (planning, discovery): no step was cut off
+        err_console.print(
+            "interrupted before any step ran or after the last; `gpumode status` shows whether a run is "
+            "unfinished (`gpumode apply --resume` finishes it, `--rollback` undoes it)",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _request(
@@ -256,6 +265,8 @@ def apply(
             results.extend(_runs(outcome))
             ok = outcome.ok
     _summary(results, as_json)
+    if any(r.interrupted for r in results):
+        raise typer.Exit(EXIT_INTERRUPTED)
     if not ok:
         raise typer.Exit(EXIT_FAILED)
 
@@ -281,16 +292,30 @@ def _summary(results: list[RunResult], as_json: bool) -> None:
             counts[s.state.value] = counts.get(s.state.value, 0) + 1
         spent = sum(s.elapsed_s or 0.0 for s in r.steps)
         tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        why = f"; {r.error}" if r.error else ""
         if r.state.value == "done":
             console.print(f"[bold green]✔ run {r.plan_id} done[/]: {tally} ({spent:.2f} s)")
         elif r.state.value == "rolled-back":
+            console.print(f"[bold yellow]↺ run {r.plan_id} rolled back[/]: {tally}{why}", highlight=False)
+        elif r.interrupted:
+            where = f"after step {r.stopped_at}" if r.stopped_at else "before its first step"
+            going = "rolling back" if r.state.value == "rolling-back" else "running"
+            finishes = "finishes the rollback" if going == "rolling back" else "finishes it"
             console.print(
-                f"[bold yellow]↺ run {r.plan_id} rolled back[/]: {tally}; {r.error}", highlight=False
+                f"[bold yellow]⏸ run {r.plan_id} interrupted[/] ({r.interrupted}) while {going}, {where}: "
+                f"{tally}; that step finished, nothing is half done\n"
+                f"  `gpumode apply --resume` {finishes}, `gpumode apply --rollback` undoes it; "
+                "`gpumode journal show` lists every step",
+                highlight=False,
             )
         else:
+            left = "".join(f"\n  ✘ {line}" for line in r.left)
+            state = "rolling back, not finished" if r.state.value == "rolling-back" else "stopped"
             console.print(
-                f"[bold red]✘ run {r.plan_id} stopped[/]: {tally}; {r.error}\n"
-                "  the host is left where it stopped: `gpumode apply --resume` or `gpumode apply --rollback`",
+                f"[bold red]✘ run {r.plan_id} {state}[/]: {tally}{why if not r.left else ''}{left}\n"
+                "  the host is left where it stopped: fix what is named above, then `gpumode apply --resume` "
+                "or `gpumode apply --rollback`; `gpumode journal show` lists every step, and "
+                "`gpumode journal abandon --yes` gives up on a run that cannot settle",
                 highlight=False,
             )
         console.print(f"  journal: {r.journal_path}", style="dim", highlight=False, soft_wrap=True)
@@ -301,6 +326,10 @@ def _run_dict(r: RunResult) -> dict[str, Any]:
         "plan_id": r.plan_id,
         "state": r.state.value,
         "error": r.error,
+        "interrupted": r.interrupted,
+        "stopped_at": r.stopped_at,
+        "left": r.left,
+        "undone": r.undone,
         "journal": str(r.journal_path),
         "steps": [asdict(s) for s in r.steps],
     }
@@ -376,9 +405,12 @@ class _Progress:
 def assert_(
     mode: str = typer.Option(..., "--mode", "-m", help="accel, vgpu, passthrough or none."),
     gpu: list[str] = GpuOpt,
+    vgpu_type: str = typer.Option(None, "--vgpu-type", help="vgpu: every vGPU must be of this type."),
+    count: int = typer.Option(None, "--count", help="vgpu: exactly this many vGPUs per GPU."),
     root: str = RootOpt,
 ) -> None:
-    """Exit 0 only if the host (or the given GPUs) is in MODE, companions' drivers included; else list why."""
+    """Exit 0 only if the host (or the given GPUs) is in MODE: companions' drivers, driver overrides, VFs,
+    vGPU type and count, orphan mdevs included; else list why. A host with no GPU is in no mode."""
     from gpumode.domain import Mode
     from gpumode.host.root import Host
     from gpumode.modes import engine
@@ -389,7 +421,13 @@ def assert_(
             wanted = Mode(mode.strip().lower())
         except ValueError:
             raise RequestError("unknown_mode", f"unknown mode {mode!r}", [m.value for m in Mode]) from None
-        differences = engine.assert_mode(Host(root), wanted, list(gpu or []))
+        if (vgpu_type is not None or count is not None) and wanted is not Mode.VGPU:
+            raise RequestError("bad_options", "--vgpu-type and --count go with --mode vgpu")
+        if count is not None and count < 0:
+            raise RequestError("bad_count", f"--count must be 0 or more, got {count}")
+        differences = engine.assert_mode(
+            Host(root), wanted, list(gpu or []), vgpu_type=vgpu_type, vgpu_count=count
+        )
     if differences:
         for line in differences:
             console.print(f"[red]✘[/] {line}", highlight=False)

@@ -33,6 +33,7 @@ from gpumode.domain import (
 from gpumode.host.discover import discover
 from gpumode.host.root import Host
 from gpumode.host.vms import Hypervisor, open_hypervisor
+from gpumode.modes import verify
 from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.desired import (
     DesiredState,
@@ -45,10 +46,7 @@ from gpumode.modes.desired import (
 from gpumode.modes.journal import HostLock, Journal, JournalStore, RunState
 from gpumode.modes.plan import plan_switch
 from gpumode.modes.policy import RequestError, Whitelist, load_whitelist
-from gpumode.modes.run import ProgressCallback, Runner, RunResult
-
-VFIO_DRIVERS = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci"})
-_BRIDGE_CLASSES = frozenset({0x0600, 0x0604, 0x0609})  # bridges keep pcieport: it is VFIO-compatible
+from gpumode.modes.run import ProgressCallback, Runner, RunResult, Verifier
 
 
 class EngineError(RuntimeError):
@@ -175,7 +173,7 @@ def apply(
         current = first if first is not None and previous is None else _plan_target(host, target, config, hv)
         discovery_s += time.perf_counter() - t
         journal = store.create(current, new_plan_id(current))
-        result = Runner(host, progress=progress, hypervisor=hv).run(
+        result = Runner(host, progress=progress, hypervisor=hv, verify=_verifier(host, config)).run(
             journal, rollback_on_failure=rollback_on_failure
         )
         _record(host, journal, result)
@@ -202,7 +200,7 @@ def _settle(
     journal = store.unfinished()
     if journal is None:
         return None
-    runner = Runner(host, progress=progress, hypervisor=hv)
+    runner = Runner(host, progress=progress, hypervisor=hv, verify=_verifier(host, None))
     result = runner.rollback(journal) if rollback else runner.run(journal)
     _record(host, journal, result)
     if not result.state.finished:
@@ -233,7 +231,7 @@ def resume(
         journal = store.unfinished()
         if journal is None:
             return None
-        runner = Runner(host, progress=progress, hypervisor=hypervisor)
+        runner = Runner(host, progress=progress, hypervisor=hypervisor, verify=_verifier(host, None))
         result = runner.run(journal, rollback_on_failure=rollback_on_failure)
         _record(host, journal, result)
         return result
@@ -250,7 +248,9 @@ def rollback(
         journal = store.unfinished()
         if journal is None:
             return None
-        return Runner(host, progress=progress, hypervisor=hypervisor).rollback(journal)
+        return Runner(host, progress=progress, hypervisor=hypervisor, verify=_verifier(host, None)).rollback(
+            journal
+        )
 
 
 def undo_finished(
@@ -269,7 +269,7 @@ def undo_finished(
     """
     store = JournalStore(host)
     with HostLock(host):
-        runner = Runner(host, progress=progress, hypervisor=hypervisor)
+        runner = Runner(host, progress=progress, hypervisor=hypervisor, verify=_verifier(host, None))
         unfinished = store.unfinished()
         if unfinished is not None:
             if unfinished.plan_id != plan_id:
@@ -325,39 +325,35 @@ def apply_desired(
 
 
 def assert_mode(
-    host: Host, mode: Mode, gpus: list[str] | None = None, *, snapshot: HostSnapshot | None = None
+    host: Host,
+    mode: Mode,
+    gpus: list[str] | None = None,
+    *,
+    vgpu_type: str | None = None,
+    vgpu_count: int | None = None,
+    snapshot: HostSnapshot | None = None,
+    config: EngineConfig | None = None,
 ) -> list[str]:
-    """What keeps the host (or ``gpus``) from being in ``mode``; empty when it is.
-
-    Checks each GPU's discovered mode, and the drivers of its companions (the other functions of its IOMMU
-    group and its consumer links): in passthrough every non-bridge companion must be on vfio-pci (else a VM
-    cannot open the group); in any other mode none may be left on vfio-pci or with a vfio-pci override.
-    """
+    """What keeps the host (or ``gpus``) from being in ``mode`` (with that vGPU type and count); empty when
+    it is. The checks are :mod:`gpumode.modes.verify`'s; a host without GPUs is in no mode."""
     snapshot = snapshot or discover(host)
     addresses = _canonical_gpus(snapshot, gpus) if gpus else [g.address for g in snapshot.gpus]
-    differences: list[str] = []
-    for address in addresses:
-        gpu = snapshot.gpu(address)
-        assert gpu is not None  # _canonical_gpus checked it
-        if gpu.mode is not mode:
-            differences.append(
-                f"{address}: mode {gpu.mode.value}, expected {mode.value} (driver {gpu.driver or 'none'})"
-            )
-        for companion in gpu.companions:
-            fn = snapshot.function(companion)
-            if fn is None or (fn.class_code >> 8) in _BRIDGE_CLASSES:
-                continue
-            on_vfio = fn.driver in VFIO_DRIVERS or fn.driver_override in VFIO_DRIVERS
-            if mode is Mode.PASSTHROUGH and fn.driver not in VFIO_DRIVERS:
-                differences.append(
-                    f"{address}: companion {companion} is on {fn.driver or 'no driver'}, expected vfio-pci"
-                )
-            elif mode is not Mode.PASSTHROUGH and on_vfio:
-                differences.append(
-                    f"{address}: companion {companion} is still on vfio-pci "
-                    f"(driver {fn.driver or 'none'}, override {fn.driver_override or 'none'})"
-                )
-    return differences
+    catalog, _ = (config or EngineConfig()).load(host)
+    want = verify.Want(mode, vgpu_type, vgpu_count)
+    return verify.differences(host, snapshot, dict.fromkeys(addresses, want), catalog)
+
+
+def _verifier(host: Host, config: EngineConfig | None) -> Verifier:
+    """A run is done, a rollback rolled back, only if the host then asserts the state it claims."""
+
+    def check(journal: Journal, rolled_back: bool) -> list[str]:
+        wants = verify.plan_wants(journal.plan, rolled_back=rolled_back)
+        if not wants:
+            return []  # a plan for no GPU (a cloud-only change) claims nothing about the host
+        catalog, _ = (config or EngineConfig()).load(host)
+        return verify.differences(host, discover(host), wants, catalog)
+
+    return check
 
 
 @dataclass(slots=True)

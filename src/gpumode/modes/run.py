@@ -14,6 +14,17 @@ On failure the runner undoes, in reverse order, every step that was done, starte
 to cope with partial work), unless told to stop where it is. Cloud steps (``where="cloud"``) are skipped and
 recorded as such: the server runs them.
 
+Interruption: while it runs in the main thread the runner defers SIGINT and SIGTERM. The step running then
+(and the external command inside it) finishes; the runner stops at that step boundary, records where and
+why in the journal (``stopped``, or still ``rolling-back``) and returns with ``interrupted`` set, so the
+caller can say which command finishes or undoes the run. SIGKILL cannot be deferred: the journal written
+before each step, and each step's check and undo coping with partial work, make resume and rollback work
+from any instant.
+
+Verification: given a ``verify`` callback (the engine's ``assert``), a run is ``done`` and a rollback
+``rolled-back`` only if the host then shows the state it claims; otherwise the journal stays unfinished and
+the error names what is left.
+
 Fault injection for tests: ``GPUMODE_FAULT_KILL=<phase>:<n>`` SIGKILLs this process at step ``n`` (1-based, or
 a step id); ``phase`` is ``before`` (journal says started, nothing applied), ``after`` (applied, journal still
 says started) or ``undo`` (journal says undoing, nothing undone). Only a real kill shows whether the journal
@@ -22,11 +33,13 @@ is enough.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -58,6 +71,9 @@ class ProgressEvent:
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
+# what keeps the host from the state a finished journal claims: (journal, rolled_back) -> differences
+Verifier = Callable[[Journal, bool], list[str]]
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(slots=True)
@@ -81,6 +97,10 @@ class RunResult:
     error: str | None = None
     undo_errors: list[str] = field(default_factory=list)
     timings: list[StepTiming] = field(default_factory=list)
+    interrupted: str | None = None  # the signal (SIGINT, SIGTERM) the run stopped for at a step boundary
+    stopped_at: str | None = None  # the last step that ran before the interruption
+    left: list[str] = field(default_factory=list)  # what verification found the host still lacks
+    undone: list[str] = field(default_factory=list)  # ids of the steps undone here, in the order undone
 
     @property
     def ok(self) -> bool:
@@ -97,8 +117,13 @@ class Runner:
         progress: ProgressCallback | None = None,
         registry: StepRegistry | None = None,
         hypervisor: Hypervisor | None = None,
+        verify: Verifier | None = None,
     ) -> None:
         self.host = host
+        self._verify = verify
+        self._caught: str | None = None
+        self._last_step: str | None = None
+        self._undone: list[str] = []  # step ids in the order this runner undid them
         self.store = JournalStore(host)
         self.registry = registry or default_registry()
         self._progress = progress
@@ -110,28 +135,48 @@ class Runner:
 
     def run(self, journal: Journal, *, rollback_on_failure: bool = True) -> RunResult:
         """Run (or resume) ``journal`` forwards; a journal that was rolling back keeps rolling back."""
+        with self._deferred_signals():
+            return self._run(journal, rollback_on_failure)
+
+    def rollback(self, journal: Journal) -> RunResult:
+        """Undo, newest first, every step this plan did or may have half done."""
+        with self._deferred_signals():
+            return self._rollback(journal)
+
+    def _run(self, journal: Journal, rollback_on_failure: bool) -> RunResult:
         if journal.state is RunState.ROLLING_BACK:
-            return self.rollback(journal)
+            return self._rollback(journal)
         journal.state = RunState.RUNNING
         journal.error = None
         self._save(journal, None)
         for index, entry in enumerate(journal.steps):
             if entry.state in (StepState.DONE, StepState.SKIPPED):
                 continue
+            if self._caught:
+                return self._interrupted(journal, RunState.STOPPED)
+            self._last_step = entry.id
             if not self._forward(journal, index, entry):
                 journal.error = f"step {entry.id} ({entry.action} {entry.target}) failed: {entry.error}"
-                if rollback_on_failure:
-                    return self.rollback(journal)
+                if rollback_on_failure and not self._caught:
+                    return self._rollback(journal)
+                if self._caught:
+                    return self._interrupted(journal, RunState.STOPPED)
                 journal.state = RunState.STOPPED
                 self._save(journal, None)
                 return self._result(journal)
+        left = self._verify(journal, False) if self._verify else []
+        if left:
+            journal.state = RunState.STOPPED
+            journal.error = "every step ran, but the host does not show the target state: " + "; ".join(left)
+            self._save(journal, None)
+            return self._result(journal, left=left)
         journal.state = RunState.DONE
         self._save(journal, None)
         self.store.archive(journal)
         return self._result(journal)
 
-    def rollback(self, journal: Journal) -> RunResult:
-        """Undo, newest first, every step this plan did or may have half done."""
+    def _rollback(self, journal: Journal) -> RunResult:
+        why = journal.error
         journal.state = RunState.ROLLING_BACK
         self._save(journal, None)
         undo_errors: list[str] = []
@@ -139,23 +184,71 @@ class Runner:
             entry = journal.steps[index]
             if not entry.touched or entry.state in (StepState.SKIPPED, StepState.UNDONE, StepState.PENDING):
                 continue
+            if self._caught:
+                return self._interrupted(journal, RunState.ROLLING_BACK)
+            self._last_step = entry.id
             error = self._backward(journal, index, entry)
+            self._undone.append(entry.id)
             if error:
                 undo_errors.append(f"{entry.id}: {error}")
         if undo_errors:
             # leave the journal unfinished: the operator fixes the cause and runs --rollback again
             journal.state = RunState.STOPPED
-            journal.error = (
-                (journal.error or "rollback requested") + "; rollback incomplete: " + "; ".join(undo_errors)
-            )
+            journal.error = (why or "rollback requested") + "; rollback incomplete: " + "; ".join(undo_errors)
             self._save(journal, None)
             result = self._result(journal)
             result.undo_errors = undo_errors
             return result
+        left = self._verify(journal, True) if self._verify else []
+        if left:
+            # every undo ran, yet the host is not as it was: say what is left; the journal stays to be settled
+            journal.error = (why + "; " if why else "") + (
+                "every step was undone, but the host is not back: " + "; ".join(left)
+            )
+            self._save(journal, None)
+            return self._result(journal, left=left)
         journal.state = RunState.ROLLED_BACK
         self._save(journal, None)
         self.store.archive(journal)
         return self._result(journal)
+
+    def _interrupted(self, journal: Journal, state: RunState) -> RunResult:
+        signame = self._caught or "a signal"
+        where = f"after step {self._last_step}" if self._last_step else "before its first step"
+        doing = "rolling back" if state is RunState.ROLLING_BACK else "running"
+        journal.state = state
+        journal.error = f"interrupted by {signame} while {doing}, {where}" + (
+            f" ({journal.error})" if journal.error else ""
+        )
+        self._save(journal, None)
+        result = self._result(journal)
+        result.interrupted, result.stopped_at = signame, self._last_step
+        return result
+
+    @contextlib.contextmanager
+    def _deferred_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM wait for the step boundary (main thread only: signal handlers live there)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._caught = None
+
+        def note(signum: int, _frame: object) -> None:
+            self._caught = self._caught or signal.Signals(signum).name
+
+        previous = {sig: signal.signal(sig, note) for sig in DEFERRED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            # a caller's own handler (a daemon's stop) still hears of it; Python's default Ctrl-C does not:
+            # the result says the run was interrupted and the caller says how to go on
+            caught = self._caught
+            if caught:
+                handler = previous[signal.Signals[caught]]
+                if callable(handler) and handler is not signal.default_int_handler:
+                    handler(signal.Signals[caught], None)
 
     # --- one step -------------------------------------------------------------------------------------------
 
@@ -185,7 +278,8 @@ class Runner:
         if already:
             entry.state = StepState.DONE if resumed else StepState.SKIPPED
             entry.note = "done before the restart" if resumed else "already done"
-            entry.started_at = entry.started_at or time.time()
+            # after a restart the time counts from the resume, not from before the crash
+            entry.started_at = time.time() if resumed else (entry.started_at or time.time())
             entry.finished_at = time.time()
             self._later(journal)  # a re-check after a crash finds the same
             self._emit(journal, index, entry, "apply")
@@ -299,7 +393,7 @@ class Runner:
             )
         )
 
-    def _result(self, journal: Journal) -> RunResult:
+    def _result(self, journal: Journal, *, left: list[str] | None = None) -> RunResult:
         return RunResult(
             plan_id=journal.plan_id,
             state=journal.state,
@@ -307,6 +401,8 @@ class Runner:
             steps=journal.steps,
             error=journal.error,
             timings=list(self._timings.values()),
+            left=list(left or []),
+            undone=list(self._undone),
         )
 
 

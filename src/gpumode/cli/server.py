@@ -40,6 +40,7 @@ def server(
 def _init(settings: Settings) -> None:
     from gpumode.server.bootstrap import initialise
     from gpumode.server.db import DatabaseUrlError
+
     try:
         result = initialise(settings)
     except DatabaseUrlError as exc:

@@ -357,6 +357,49 @@ def _verifier(host: Host, config: EngineConfig | None) -> Verifier:
 
 
 @dataclass(slots=True)
+class JournalCheck:
+    """An unfinished run and how far the host is from either way out of it."""
+
+    journal: Journal
+    to_target: list[str]  # what keeps the host from the run's target (what resume must still do)
+    to_previous: list[str]  # what keeps it from the state before the run (what rollback must still do)
+
+
+def check_unfinished(host: Host, *, config: EngineConfig | None = None) -> JournalCheck | None:
+    """The unfinished run, if any, with the host compared to its target and to the state before it. Reads
+    only."""
+    journal = JournalStore(host).unfinished()
+    if journal is None:
+        return None
+    snapshot = discover(host)
+    catalog, _ = (config or EngineConfig()).load(host)
+
+    def far(rolled_back: bool) -> list[str]:
+        wants = verify.plan_wants(journal.plan, rolled_back=rolled_back)
+        return verify.differences(host, snapshot, wants, catalog) if wants else []
+
+    return JournalCheck(journal, far(False), far(True))
+
+
+def abandon(host: Host, why: str) -> Journal:
+    """Give up on the unfinished run: its journal goes to ``done/`` as ``abandoned`` with ``why``, the host
+    stays exactly as it is, and the next apply plans from what discovery then shows. The way out for a run
+    that cannot settle (a device that needs a reboot or a hand); the caller shows the host's state first."""
+    store = JournalStore(host)
+    with HostLock(host):
+        journal = store.unfinished()
+        if journal is None:
+            raise EngineError("no unfinished run on this host to abandon")
+        was = journal.state.value
+        journal.state = RunState.ABANDONED
+        said = f" (it said: {journal.error})" if journal.error else ""
+        journal.error = f"abandoned while {was}: {why}{said}"
+        journal.save()
+        store.archive(journal)
+    return journal
+
+
+@dataclass(slots=True)
 class GpuStatus:
     address: str
     name: str
@@ -416,10 +459,13 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "HostStatus",
+    "JournalCheck",
     "RunState",
+    "abandon",
     "apply",
     "apply_desired",
     "assert_mode",
+    "check_unfinished",
     "plan",
     "resume",
     "rollback",

@@ -50,6 +50,7 @@ class RunState(StrEnum):
     STOPPED = "stopped"  # a step failed and rollback was declined: the host is left where it stopped
     ROLLING_BACK = "rolling-back"
     ROLLED_BACK = "rolled-back"
+    ABANDONED = "abandoned"  # given up by the operator (`gpumode journal abandon`); the host stays as left
 
     @property
     def finished(self) -> bool:

@@ -60,15 +60,15 @@ def _gpu_differences(snapshot: HostSnapshot, gpu: Gpu, want: Want, catalog: Cata
         fn = snapshot.function(member)
         if fn is None or (fn.class_code >> 8) in BRIDGE_CLASSES:
             continue
-        what = "GPU" if member == address else "companion"
+        what = "" if member == address else f"companion {member} "
         if member != address and mode is Mode.PASSTHROUGH and fn.driver not in VFIO_DRIVERS:
-            out.append(f"{address}: {what} {member} is on {fn.driver or 'no driver'}, expected vfio-pci")
+            out.append(f"{address}: {what}is on {fn.driver or 'no driver'}, expected vfio-pci")
         elif member != address and mode is not Mode.PASSTHROUGH and fn.driver in VFIO_DRIVERS:
-            out.append(f"{address}: {what} {member} is still on {fn.driver}")
+            out.append(f"{address}: {what}is still on {fn.driver}")
         override = fn.driver_override
         if override and not (mode is Mode.PASSTHROUGH and override in VFIO_DRIVERS):
             out.append(
-                f"{address}: {what} {member} carries driver_override={override} in mode {mode.value} "
+                f"{address}: {what}carries driver_override={override} in mode {mode.value} "
                 f"(clear it: `echo > /sys/bus/pci/devices/{member}/driver_override`)"
             )
     if mode is not Mode.VGPU and gpu.vfs:

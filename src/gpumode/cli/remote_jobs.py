@@ -35,6 +35,7 @@ from gpumode.cli.remote import (
     show,
 )
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: the watching was interrupted, not the job
 JOB_STATES = ("queued", "running", "succeeded", "failed", "rolled_back", "cancelled")
 POLL_S = 0.25
 
@@ -306,7 +307,16 @@ def follow(
         view=render.job_progress,
         changes=changes,
     )
-    return follow_until_over(followed, console, quiet=quiet, poll_s=poll_s, timeout_s=timeout_s)
+    try:
+        return follow_until_over(followed, console, quiet=quiet, poll_s=poll_s, timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        # Ctrl-C stops the watching, not the job: the agent runs it whether anyone follows or not
+        console.print(
+            f"stopped following job {job_id}; the job goes on. Follow it again: "
+            f"`gpumode job {job_id} --wait`; stop it: `gpumode cancel {job_id}`",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _finish(final: dict[str, Any], as_json: bool) -> None:

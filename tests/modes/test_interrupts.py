@@ -307,3 +307,9 @@ def test_sample_is_reproducible_and_mixed() -> None:
     if os.environ.get("GPUMODE_INTERRUPT_MATRIX") != "all":
         assert len(values) == SAMPLE
         assert any(v[2] == "middle" and v[3] == "SIGKILL" for v in values)
+
+
+def test_a_command_runs_in_its_own_process_group() -> None:
+    """A Ctrl-C at the terminal goes to the foreground process group: gpumode's, not the command's."""
+    result = Host("/").run(["sh", "-c", "ps -o pgid= -p $$"], check=True)
+    assert int(result.stdout.strip()) != os.getpgrp()

@@ -91,7 +91,11 @@ class Host:
 
             result = run_emulated(self.root, tuple(argv))
         else:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+            # its own process group: a Ctrl-C at the terminal reaches gpumode (which finishes the step), not
+            # the command, so a tool like sriov-manage is never cut off halfway by it
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout, check=False, process_group=0
+            )
             result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
         if check and not result.ok:
             raise CommandError(result)

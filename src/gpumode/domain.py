@@ -412,6 +412,7 @@ class SwitchRequest:
     vgpu_count: int | None = None  # per GPU; None: as many as the type allows
     passthrough_alias: str | None = None
     vm_policy: VmPolicy = VmPolicy.GPU
+    restart_vms: bool = True  # after the host steps, start again the VMs it shut down that keep their devices
 
 
 @dataclass(slots=True)
@@ -433,6 +434,8 @@ class Impact:
 
     gpus: dict[str, tuple[Mode, Mode]] = field(default_factory=dict)  # address -> (now, after)
     vms_stopped: list[str] = field(default_factory=list)
+    vms_restarted: list[str] = field(default_factory=list)  # stopped, then started again after the host steps
+    vms_left_stopped: list[str] = field(default_factory=list)  # stopped and lost devices: the cloud's to move
     devices_detached: list[str] = field(default_factory=list)  # "vm: kind:id"
     vgpus_reclaimed: list[str] = field(default_factory=list)
     modules_unloaded: list[str] = field(default_factory=list)

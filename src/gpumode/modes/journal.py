@@ -201,6 +201,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         vgpu_count=req.get("vgpu_count"),
         passthrough_alias=req.get("passthrough_alias"),
         vm_policy=VmPolicy(req.get("vm_policy", VmPolicy.GPU)),
+        restart_vms=bool(req.get("restart_vms", True)),
     )
     imp = dict(data.get("impact", {}))
     imp["gpus"] = {a: (Mode(now), Mode(after)) for a, (now, after) in imp.get("gpus", {}).items()}

@@ -131,7 +131,7 @@ class _Planner:
             *services, *post, *vgpu_up,
         ]  # fmt: skip
         vm_steps = self._vm_steps(work, any_host_step=bool(host))
-        drafts = [*vm_steps, *host, *self._cloud_steps()]
+        drafts = [*vm_steps, *host, *self._vm_restarts(vm_steps), *self._cloud_steps()]
 
         steps = [self._step(i, d) for i, d in enumerate(drafts, start=1)]
         self.impact.gpus = {w.gpu.address: (w.gpu.mode, w.target) for w in work}
@@ -280,6 +280,16 @@ class _Planner:
             self.impact.devices_detached.append(f"{vm.name}: {VmDevice(dev.kind, dev.id)}")
         self.impact.vms_stopped = [vm.name for vm in stop]
         return drafts
+
+    def _vm_restarts(self, vm_steps: list[_Draft]) -> list[_Draft]:
+        """Phase 12b: the VMs the plan shuts down that keep every device are started again (request option
+        ``restart_vms``, on by default); those that lose a device stay stopped for the cloud to move."""
+        stopped = [d.target for d in vm_steps if d.action == "vm.shutdown"]
+        losing = {d.target for d in vm_steps if d.action == "vm.detach_device"}
+        keep = [name for name in stopped if name not in losing] if self.res.request.restart_vms else []
+        self.impact.vms_restarted = keep
+        self.impact.vms_left_stopped = [name for name in stopped if name in losing]
+        return [_Draft("vm.start", name, {}, f"start VM {name} again") for name in keep]
 
     # --- phases 2-4: vGPUs out, GPU clients stopped, VFs off ------------------------------------------------
 

@@ -180,6 +180,27 @@ class VmShutdown(_Base):
             ctx.hypervisor.start(ctx.step.target)
 
 
+class VmStart(_Base):
+    """A VM the plan shut down that kept all its devices, started again once the host is switched."""
+
+    action: ClassVar[str] = "vm.start"
+
+    def check(self, host: Host, ctx: StepContext) -> bool:
+        vm = _vm(ctx, ctx.step.target)
+        return vm is None or vm.running
+
+    def apply(self, host: Host, ctx: StepContext) -> None:
+        if self.check(host, ctx):
+            return
+        ctx.remember(started=True)
+        ctx.hypervisor.start(ctx.step.target)
+
+    def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
+        vm = _vm(ctx, ctx.step.target)
+        if record.get("started") and vm is not None and vm.running:
+            ctx.hypervisor.shutdown(vm.name, timeout=60.0)
+
+
 class VmDetachDevice(_Base):
     action: ClassVar[str] = "vm.detach_device"
 
@@ -660,6 +681,7 @@ def _replace_file(path: Path, text: str, mode: int) -> None:
 
 _IMPLS: tuple[StepImpl, ...] = (
     VmShutdown(),
+    VmStart(),
     VmDetachDevice(),
     VgpuRemove(),
     VgpuCreate(),

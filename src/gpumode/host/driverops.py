@@ -108,9 +108,12 @@ def start_service(host: Host, name: str) -> None:
         host.run(["systemctl", "start", unit], check=True)
 
 
-def stop_service(host: Host, name: str) -> None:
+def stop_service(host: Host, name: str, *, even_if_inactive: bool = False) -> None:
+    """``systemctl stop``; ``even_if_inactive`` also when the unit does not report active (a start cut off
+    halfway leaves it activating, its daemon already holding devices; stopping an inactive unit is a
+    no-op)."""
     unit = unit_name(name)
-    if service_active(host, unit):
+    if even_if_inactive or service_active(host, unit):
         host.run(["systemctl", "stop", unit], check=True)
 
 

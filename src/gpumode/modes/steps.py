@@ -482,7 +482,8 @@ class ServiceStart(_Base):
 
     def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
         if record.get("started"):
-            driverops.stop_service(host, ctx.step.target)
+            # a start cut off halfway may have left the daemon up with the unit not (yet) active
+            driverops.stop_service(host, ctx.step.target, even_if_inactive=True)
 
 
 class ServiceStop(_Base):

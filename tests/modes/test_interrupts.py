@@ -316,3 +316,19 @@ def test_a_command_runs_in_its_own_process_group() -> None:
     """A Ctrl-C at the terminal goes to the foreground process group: gpumode's, not the command's."""
     result = Host("/").run(["sh", "-c", "ps -o pgid= -p $$"], check=True)
     assert int(result.stdout.strip()) != os.getpgrp()
+
+
+@pytest.mark.slow
+def test_sriov_steps_work_without_sriov_manage(tmp_path: Path) -> None:
+    """The tool gone (removed with the vGPU manager, as in a rollback after `driver.remove`): the sriov steps
+    change the VF count with gpumode's own kernel writes, and the host ends in the mode asked for."""
+    host = template_host(tmp_path / "h", "l40s-sriov+passthrough")
+    plan = target_plan(host, Mode.VGPU)
+    tool = first_step(plan, "sriov.enable").params["argv"][0]
+    host.path(tool).unlink()
+    ran_before = len(read_command_log(host.root))
+    result = engine.apply(host, plan.request)
+    assert result.ok, result.run.error if result.run else result
+    assert not engine.assert_mode(host, Mode.VGPU)
+    ran = read_command_log(host.root)[ran_before:]
+    assert not [c for c in ran if "sriov-manage" in str(c["argv"])], "the missing tool was called"

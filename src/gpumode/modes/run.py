@@ -188,9 +188,10 @@ class Runner:
                 return self._interrupted(journal, RunState.ROLLING_BACK)
             self._last_step = entry.id
             error = self._backward(journal, index, entry)
-            self._undone.append(entry.id)
             if error:
                 undo_errors.append(f"{entry.id}: {error}")
+            else:
+                self._undone.append(entry.id)
         if undo_errors:
             # leave the journal unfinished: the operator fixes the cause and runs --rollback again
             journal.state = RunState.STOPPED

@@ -101,6 +101,7 @@ class RunResult:
     stopped_at: str | None = None  # the last step that ran before the interruption
     left: list[str] = field(default_factory=list)  # what verification found the host still lacks
     undone: list[str] = field(default_factory=list)  # ids of the steps undone here, in the order undone
+    verify_s: float = 0.0  # time spent verifying the claimed state (a discovery)
 
     @property
     def ok(self) -> bool:
@@ -124,6 +125,7 @@ class Runner:
         self._caught: str | None = None
         self._last_step: str | None = None
         self._undone: list[str] = []  # step ids in the order this runner undid them
+        self._verify_s = 0.0
         self.store = JournalStore(host)
         self.registry = registry or default_registry()
         self._progress = progress
@@ -164,7 +166,7 @@ class Runner:
                 journal.state = RunState.STOPPED
                 self._save(journal, None)
                 return self._result(journal)
-        left = self._verify(journal, False) if self._verify else []
+        left = self._verified(journal, rolled_back=False)
         if left:
             journal.state = RunState.STOPPED
             journal.error = "every step ran, but the host does not show the target state: " + "; ".join(left)
@@ -200,7 +202,7 @@ class Runner:
             result = self._result(journal)
             result.undo_errors = undo_errors
             return result
-        left = self._verify(journal, True) if self._verify else []
+        left = self._verified(journal, rolled_back=True)
         if left:
             # every undo ran, yet the host is not as it was: say what is left; the journal stays to be settled
             journal.error = (why + "; " if why else "") + (
@@ -212,6 +214,15 @@ class Runner:
         self._save(journal, None)
         self.store.archive(journal)
         return self._result(journal)
+
+    def _verified(self, journal: Journal, *, rolled_back: bool) -> list[str]:
+        if self._verify is None:
+            return []
+        t = time.perf_counter()
+        try:
+            return self._verify(journal, rolled_back)
+        finally:
+            self._verify_s += time.perf_counter() - t
 
     def _interrupted(self, journal: Journal, state: RunState) -> RunResult:
         signame = self._caught or "a signal"
@@ -404,6 +415,7 @@ class Runner:
             timings=list(self._timings.values()),
             left=list(left or []),
             undone=list(self._undone),
+            verify_s=self._verify_s,
         )
 
 

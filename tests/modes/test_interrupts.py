@@ -168,6 +168,7 @@ def signal_fired(host: Host) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 @pytest.mark.parametrize("plan_name", [p for p in PLANS if p not in HEAVY])
 def test_matrix_covers_every_command_action(tmp_path: Path, plan_name: str) -> None:
     template, mode = PLANS[plan_name]
@@ -181,6 +182,7 @@ def test_matrix_covers_every_command_action(tmp_path: Path, plan_name: str) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 @pytest.mark.parametrize(("plan_name", "action", "point", "sig"), chosen_cases())
 def test_interrupted_inside_a_command(
     tmp_path: Path, plan_name: str, action: str, point: str, sig: str
@@ -223,6 +225,7 @@ def test_interrupted_inside_a_command(
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_sriov_manage_killed_halfway_leaves_nothing_that_blocks(tmp_path: Path) -> None:
     """passthrough → vgpu on l40s-sriov, `sriov-manage -e` killed with the PF on pci-pf-stub and its id in
     pci-pf-stub's dynamic ids: resume, rollback and a new switch all work (no "already matches" error)."""
@@ -319,6 +322,7 @@ def test_a_command_runs_in_its_own_process_group() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_sriov_steps_work_without_sriov_manage(tmp_path: Path) -> None:
     """The tool gone (removed with the vGPU manager, as in a rollback after `driver.remove`): the sriov steps
     change the VF count with gpumode's own kernel writes, and the host ends in the mode asked for."""

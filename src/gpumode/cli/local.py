@@ -424,7 +424,7 @@ def assert_(
         if (vgpu_type is not None or count is not None) and wanted is not Mode.VGPU:
             raise RequestError("bad_options", "--vgpu-type and --count go with --mode vgpu")
         if count is not None and count < 0:
-            raise RequestError("bad_count", f"--count must be 0 or more, got {count}")
+            raise RequestError("invalid_option", f"--count must be 0 or more, got {count}")
         differences = engine.assert_mode(
             Host(root), wanted, list(gpu or []), vgpu_type=vgpu_type, vgpu_count=count
         )

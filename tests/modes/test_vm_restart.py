@@ -3,9 +3,10 @@ a device stay stopped and are listed in the plan's impact."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from engine_support import make_host, vm_view
+from engine_support import make_host, run_cli, vm_view
 
 from gpumode.domain import Mode, SwitchRequest, VmPolicy
 from gpumode.host.root import Host
@@ -52,3 +53,14 @@ def test_rollback_leaves_the_vms_as_they_were(tmp_path: Path) -> None:
     undone = engine.undo_finished(host, result.run.plan_id)
     assert undone.state is RunState.ROLLED_BACK, undone.error
     assert vm_view(host) == before
+
+
+def test_the_cli_shows_it_and_can_turn_it_off(tmp_path: Path) -> None:
+    host = workstation_with_a_bystander(tmp_path)
+    shown = run_cli("plan", "--mode", "accel", "--vm-policy", "all", "--root", str(host.root))
+    assert shown.returncode == 0, shown.stderr
+    assert "VMs started again" in shown.stdout and "VMs left stopped" in shown.stdout
+    args = ["--mode", "accel", "--vm-policy", "all", "--no-restart-vms", "--json", "--root", str(host.root)]
+    off = run_cli("plan", *args)
+    data = json.loads(off.stdout)
+    assert data["impact"]["vms_restarted"] == [] and data["request"]["restart_vms"] is False

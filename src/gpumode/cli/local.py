@@ -56,6 +56,9 @@ VmPolicyOpt = typer.Option(
     "holding the GPUs), refuse (fail if any VM is in the way).",
 )
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+RestartVmsOpt = typer.Option(
+    True, "--restart-vms/--no-restart-vms", help="Restart the VMs it shuts down that keep their devices."
+)
 
 
 @contextmanager
@@ -93,6 +96,7 @@ def _request(
     count: int | None,
     alias: str | None,
     vm_policy: str,
+    restart_vms: bool = True,
 ) -> SwitchRequest:
     from gpumode.domain import SwitchRequest
     from gpumode.modes.policy import RequestError, parse_mode, parse_vm_policy
@@ -106,6 +110,7 @@ def _request(
         vgpu_count=count,
         passthrough_alias=alias,
         vm_policy=parse_vm_policy(vm_policy),
+        restart_vms=restart_vms,
     )
 
 
@@ -119,6 +124,7 @@ def plan(
     count: int = CountOpt,
     alias: str = AliasOpt,
     vm_policy: str = VmPolicyOpt,
+    restart_vms: bool = RestartVmsOpt,
     root: str = RootOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -127,7 +133,9 @@ def plan(
     from gpumode.modes import engine
 
     with _errors():
-        the_plan = engine.plan(Host(root), _request(mode, gpu, vgpu_type, count, alias, vm_policy))
+        the_plan = engine.plan(
+            Host(root), _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms)
+        )
     if as_json:
         print(json.dumps(the_plan.to_dict(), indent=2, default=str))
         return
@@ -166,6 +174,8 @@ def _impact(the_plan: Plan) -> Table:
         table.add_row(f"GPU {address}", f"{now.value} → {after.value}")
     rows: list[tuple[str, list[str]]] = [
         ("VMs stopped", imp.vms_stopped),
+        ("VMs started again", imp.vms_restarted),
+        ("VMs left stopped", imp.vms_left_stopped),
         ("devices detached", imp.devices_detached),
         ("vGPUs reclaimed", imp.vgpus_reclaimed),
         ("modules unloaded", imp.modules_unloaded),
@@ -192,6 +202,7 @@ def apply(
     count: int = CountOpt,
     alias: str = AliasOpt,
     vm_policy: str = VmPolicyOpt,
+    restart_vms: bool = RestartVmsOpt,
     root: str = RootOpt,
     resume: bool = typer.Option(False, "--resume", help="Only finish the unfinished run (after a crash)."),
     rollback: bool = typer.Option(
@@ -248,7 +259,7 @@ def apply(
             results.extend(r for o in outcomes for r in _runs(o))
             ok = all(o.ok for o in outcomes)
         else:
-            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy)
+            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms)
             if not yes and not as_json:
                 the_plan = engine.plan(host, request)
                 render_plan(the_plan)

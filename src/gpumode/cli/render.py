@@ -207,6 +207,8 @@ def impact_view(impact: Row) -> Table:
         table.add_row(f"GPU {address}", f"{now} → {after}")
     labels = (
         ("vms_stopped", "VMs stopped"),
+        ("vms_restarted", "VMs started again"),
+        ("vms_left_stopped", "VMs left stopped"),
         ("devices_detached", "devices detached"),
         ("vgpus_reclaimed", "vGPUs reclaimed"),
         ("modules_unloaded", "modules unloaded"),

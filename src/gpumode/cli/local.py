@@ -474,7 +474,8 @@ def status(root: str = RootOpt, as_json: bool = JsonOpt) -> None:
         console.print(
             f"[bold yellow]unfinished run[/] {j.plan_id} ({j.plan.request.mode.value}): {j.state.value}, "
             f"{done}/{len(j.steps)} steps; {j.error or ''}\n"
-            "  `gpumode apply --resume` finishes it, `gpumode apply --rollback` undoes it",
+            "  `gpumode apply --resume` finishes it, `gpumode apply --rollback` undoes it, "
+            "`gpumode journal show` lists its steps",
             highlight=False,
         )
     elif st.last is not None:

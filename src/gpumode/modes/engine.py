@@ -205,8 +205,10 @@ def _settle(
     _record(host, journal, result)
     if not result.state.finished:
         raise EngineError(
-            f"the unfinished run {journal.plan_id} could not be settled ({result.error}); fix the cause, "
-            "then `gpumode apply --resume` or `gpumode apply --rollback`"
+            f"the unfinished run {journal.plan_id} could not be settled "
+            f"({result.error or result.state.value}); fix the cause, then `gpumode apply --resume` or "
+            "`gpumode apply --rollback`; `gpumode journal show` compares the host with both, "
+            "`gpumode journal abandon --yes` gives the run up"
         )
     return result
 

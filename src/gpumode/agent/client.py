@@ -131,10 +131,12 @@ class Client:
 
     # --- the API the agent uses -----------------------------------------------------------------------------
 
-    def join(self, hostname: str, snapshot: dict[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.call(
-            "POST", "/agents/join", json={"hostname": hostname, "snapshot": snapshot}
-        ).json()
+    def join(self, hostname: str, snapshot: dict[str, Any], node_token: str | None = None) -> dict[str, Any]:
+        """Trade the join token for a node token; re-joining a node needs its current ``node_token``."""
+        request: dict[str, Any] = {"hostname": hostname, "snapshot": snapshot}
+        if node_token is not None:
+            request["node_token"] = node_token
+        body: dict[str, Any] = self.call("POST", "/agents/join", json=request).json()
         return body
 
     def report(self, node: str, body: bytes) -> dict[str, Any]:

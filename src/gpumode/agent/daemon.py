@@ -126,7 +126,9 @@ class Agent:
         view = look(self.host)
         joiner = Client(server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
         try:
-            answer = joiner.join(view.snapshot.hostname, view.body())
+            # A node token stored for another server address may still be this node's: it proves a re-join.
+            proof = stored.token if stored is not None and stored.node == view.snapshot.hostname else None
+            answer = joiner.join(view.snapshot.hostname, view.body(), node_token=proof)
         except ApiError as exc:
             raise AgentError(f"joining {server} failed: {exc}") from exc
         finally:

@@ -72,6 +72,10 @@ class Node(Base):
     # :func:`vms_digest` of ``vms``, kept with them: a report compares its VMs with the stored ones in the
     # same indexed read as the fingerprint, so a server process sees VMs another process stored (0004).
     vms_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # An admin's "replace this node": until then a join under this name may take the node over without its
+    # current node token (a reinstalled host that lost it); used up by that join (0006).
+    replace_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    replace_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     @validates("vms")
     def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -120,7 +124,7 @@ class ApiToken(Base):
 
 
 class JoinToken(Base):
-    """A secret an agent exchanges once (or ``uses_left`` times) for a node token."""
+    """A secret agents exchange for node tokens, ``uses`` times at most and until ``expires_at``."""
 
     __tablename__ = "join_tokens"
     __table_args__ = NO_ID_REUSE
@@ -128,7 +132,8 @@ class JoinToken(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    uses_left: Mapped[int | None] = mapped_column(Integer)  # None: unlimited
+    uses: Mapped[int | None] = mapped_column(Integer)  # joins it was made for (None: made before 0006)
+    uses_left: Mapped[int | None] = mapped_column(Integer)  # None only before 0006, which revoked those
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

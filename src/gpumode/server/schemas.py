@@ -66,15 +66,16 @@ class TokenCreated(TokenOut):
 
 class JoinTokenCreate(In):
     name: Name
-    uses: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(default=1, description="null: unlimited")
-    expires_in_s: Annotated[int, Field(ge=60, le=365 * 86400)] | None = Field(
-        default=86400, description="null: never"
+    uses: Annotated[int, Field(ge=1, le=100_000)] = Field(default=1, description="how many joins it allows")
+    expires_in_s: Annotated[int, Field(ge=60, le=30 * 86400)] = Field(
+        default=86400, description="seconds until it expires (every join token does)"
     )
 
 
 class JoinTokenOut(BaseModel):
     id: int
     name: str
+    uses: int | None = Field(description="joins it was made for (null: made by an older version)")
     uses_left: int | None
     expires_at: Utc | None
     revoked: bool
@@ -94,12 +95,23 @@ class JoinTokenCreated(JoinTokenOut):
 class JoinRequest(In):
     hostname: Hostname
     snapshot: SnapshotIn
+    node_token: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        default=None,
+        description="re-joining a node that exists: its current node token, as proof (or an admin first "
+        "allows the replacement: POST /nodes/{name}/replace)",
+    )
 
 
 class JoinResponse(BaseModel):
     node: str
     token: str = Field(description="the node token; the agent stores it and uses it from now on")
     sync: dict[str, Any]
+
+
+class ReplaceOut(BaseModel):
+    node: str
+    replace_until: Utc = Field(description="the next join under this name until then takes the node over")
+    replace_by: str
 
 
 class ReportResponse(BaseModel):
@@ -390,7 +402,7 @@ class JobEventsAck(BaseModel):
     retry_after_s: float | None = Field(
         default=None,
         description="The host steps are over and the job waits for the cloud platform: post again (even "
-        "`{\"steps\": []}`) after this many seconds; each post is one more try. Absent otherwise.",
+        '`{"steps": []}`) after this many seconds; each post is one more try. Absent otherwise.',
     )
 
 

@@ -8,7 +8,8 @@ from fastapi import APIRouter, HTTPException, Request, status
 from sqlalchemy import select
 
 from gpumode.server.audit import commit_audited
-from gpumode.server.auth import TokenKind, create_user_token, new_secret
+from gpumode.server.auth import create_join_token as issue_join_token
+from gpumode.server.auth import create_user_token
 from gpumode.server.deps import Admin, SessionDep, StateDep
 from gpumode.server.models import ApiToken, JoinToken, Node
 from gpumode.server.schemas import (
@@ -39,6 +40,7 @@ def _join_out(token: JoinToken) -> dict[str, object]:
     return {
         "id": token.id,
         "name": token.name,
+        "uses": token.uses,
         "uses_left": token.uses_left,
         "expires_at": token.expires_at,
         "revoked": token.revoked,
@@ -90,25 +92,20 @@ def list_join_tokens(_: Admin, session: SessionDep) -> list[dict[str, object]]:
 def create_join_token(
     body: JoinTokenCreate, who: Admin, request: Request, session: SessionDep, state: StateDep
 ) -> dict[str, object]:
-    secret, digest = new_secret(TokenKind.JOIN)
-    now = datetime.now(UTC)
-    token = JoinToken(
-        name=body.name,
-        token_hash=digest,
-        uses_left=body.uses,
-        revoked=False,
-        created_at=now,
+    token, secret = issue_join_token(
+        session,
+        body.name,
+        uses=body.uses,
+        ttl=timedelta(seconds=body.expires_in_s),
         created_by=who.name,
-        expires_at=now + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None,
+        now=datetime.now(UTC),
     )
-    session.add(token)
-    session.flush()
     commit_audited(
         request,
         session,
         target=f"join-token:{token.id}",
         status_code=201,
-        detail=f"join token {body.name!r}, uses {body.uses or 'unlimited'}",
+        detail=f"join token {body.name!r}, {body.uses} use(s), expires in {body.expires_in_s} s",
     )
     return {
         **_join_out(token),

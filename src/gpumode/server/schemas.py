@@ -6,7 +6,15 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 
 from gpumode.cloud.base import CardStatus
 from gpumode.domain import Mode, VmPolicy
@@ -26,6 +34,14 @@ def _name(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
+# An id from a path, a query or a body, checked against its column before any query sees it: ids are INTEGER
+# columns, 32-bit on PostgreSQL (64-bit on SQLite), so a larger number can name no row and would make the
+# database driver fail instead of the query finding nothing.
+MAX_ROW_ID = 2**31 - 1
+RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID)]
+# Seconds since the epoch in an agent's report: up to 2100-01-01, so a clock gone wild is refused (422)
+# instead of overflowing a timestamp.
+EpochSeconds = Annotated[float, Field(ge=0, le=4_102_444_800)]
 # SQLite returns naive timestamps; they are UTC and leave the API marked so.
 Utc = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -213,7 +229,18 @@ def _hex_id(value: object) -> int:
     return number
 
 
-HexId = Annotated[int, BeforeValidator(_hex_id)]
+HexId = Annotated[
+    int,
+    BeforeValidator(_hex_id),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": 0xFFFF},
+                {"type": "string", "pattern": "^(0[xX])?[0-9a-fA-F]{1,4}$"},
+            ]
+        }
+    ),
+]
 
 
 class AliasIn(In):
@@ -380,7 +407,7 @@ class WorkOut(BaseModel):
 class StepEventIn(In):
     step: Annotated[str, Field(min_length=1, max_length=200)]
     state: Literal["pending", "running", "done", "failed", "skipped", "undone"]
-    at: Annotated[float, Field(ge=0)] | None = Field(default=None, description="seconds since the epoch")
+    at: EpochSeconds | None = Field(default=None, description="seconds since the epoch (before 2100)")
     error: Annotated[str, Field(max_length=8192)] | None = None
     note: Annotated[str, Field(max_length=2048)] | None = None
 

@@ -129,8 +129,8 @@ class GpuIn(_Strict):
 
 class LoadedModuleIn(_Strict):
     name: Text
-    size: Annotated[int, Field(ge=0)]
-    refcount: Annotated[int, Field(ge=-1)]
+    size: Annotated[int, Field(ge=0, le=1 << 40)]
+    refcount: Annotated[int, Field(ge=-1, le=1 << 24)]
     users: Annotated[list[Text], Field(max_length=1024)]
     state: Text
 

@@ -12,7 +12,16 @@ from gpumode.cloud.base import Card, CardError, CardStatus, PassthroughAlias, Vg
 from gpumode.domain import Mode
 from gpumode.server import audit, sync
 from gpumode.server.deps import Operator, PlatformDep, SessionDep, Viewer
-from gpumode.server.schemas import NAME_PATTERN, AliasIn, AliasOut, CardOut, CardPatch, ProfileIn, ProfileOut
+from gpumode.server.schemas import (
+    NAME_PATTERN,
+    AliasIn,
+    AliasOut,
+    CardOut,
+    CardPatch,
+    ProfileIn,
+    ProfileOut,
+    RowId,
+)
 
 router = APIRouter(tags=["cards"])
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN)]
@@ -35,7 +44,7 @@ def list_cards(
     summary="Set a card's status and holder (a lost card set free is released: removed)",
 )
 def patch_card(
-    card_id: int, body: CardPatch, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    card_id: RowId, body: CardPatch, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> Card:
     card = platform.get_card(card_id)
     if card is None:

@@ -33,6 +33,7 @@ from gpumode.server.schemas import (
     RolloutDryRunOut,
     RolloutIn,
     RolloutOut,
+    RowId,
     SwitchIn,
 )
 from gpumode.server.switch import rollouts, service
@@ -120,8 +121,8 @@ def list_jobs(
     session: SessionDep,
     node: str | None = None,
     state: str | None = None,
-    rollout: int | None = None,
-    before_id: int | None = None,
+    rollout: RowId | None = None,
+    before_id: RowId | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
     query = select(Job).order_by(Job.id.desc()).limit(limit)
@@ -137,7 +138,7 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
+def get_job(job_id: RowId, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
     with refusals():
         job = stored_job(session, job_id)
     node_access(principal, job.node, users_need=Role.VIEWER)
@@ -148,7 +149,7 @@ def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[s
     "/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (a running one is rolled back)"
 )
 def cancel_job(
-    job_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    job_id: RowId, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
         return job_out(service.cancel_job(_caller(request, session, platform, principal), job_id))
@@ -189,7 +190,7 @@ def list_rollouts(
 
 
 @router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
-def get_rollout(rollout_id: int, _: Viewer, session: SessionDep) -> dict[str, Any]:
+def get_rollout(rollout_id: RowId, _: Viewer, session: SessionDep) -> dict[str, Any]:
     with refusals():
         return rollouts.out(session, rollouts.get(session, rollout_id))
 
@@ -200,7 +201,7 @@ def get_rollout(rollout_id: int, _: Viewer, session: SessionDep) -> dict[str, An
     summary="Start no more jobs and cancel the queued ones; running jobs finish",
 )
 def cancel_rollout(
-    rollout_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    rollout_id: RowId, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
         rollout = service.cancel_rollout(_caller(request, session, platform, principal), rollout_id)

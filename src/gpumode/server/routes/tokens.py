@@ -16,6 +16,7 @@ from gpumode.server.schemas import (
     JoinTokenCreate,
     JoinTokenCreated,
     JoinTokenOut,
+    RowId,
     TokenCreate,
     TokenCreated,
     TokenOut,
@@ -71,7 +72,7 @@ def create_token(body: TokenCreate, who: Admin, request: Request, session: Sessi
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut)
-def revoke_token(token_id: int, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
+def revoke_token(token_id: RowId, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(ApiToken, token_id)
     if token is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token with id {token_id}")
@@ -115,7 +116,7 @@ def create_join_token(
 
 
 @router.delete("/join-tokens/{token_id}", response_model=JoinTokenOut)
-def revoke_join_token(token_id: int, _: Admin, request: Request, session: SessionDep) -> dict[str, object]:
+def revoke_join_token(token_id: RowId, _: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(JoinToken, token_id)
     if token is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no join token with id {token_id}")

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from gpumode.server import audit
 from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
 from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
-from gpumode.server.schemas import JobEventsAck, JobEventsIn, WorkJob, WorkOut
+from gpumode.server.schemas import JobEventsAck, JobEventsIn, RowId, WorkJob, WorkOut
 from gpumode.server.state import ServerState
 from gpumode.server.switch.ending import ended
 from gpumode.server.switch.errors import JobError, NotFound
@@ -101,7 +101,7 @@ async def work(
     summary="The agent reports its steps, and at the end the host's result (its node token only)",
 )
 def events(
-    job_id: int,
+    job_id: RowId,
     body: JobEventsIn,
     principal: PrincipalDep,
     request: Request,

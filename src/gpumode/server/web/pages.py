@@ -12,6 +12,7 @@ from gpumode.domain import HostSnapshot
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import AuditEntry
+from gpumode.server.schemas import RowId
 from gpumode.server.web import queries
 from gpumode.server.web.access import WebUser, keys, read_form, require_role
 from gpumode.server.web.render import page
@@ -113,7 +114,7 @@ def events(
     node: Text = None,
     kind: Text = None,
     severity: Annotated[str | None, Query(max_length=16)] = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: RowId | None = None,
 ) -> HTMLResponse:
     found = queries.search_events(
         session, q=q, node=node or None, kind=kind or None, severity=severity or None, before_id=before_id
@@ -130,7 +131,7 @@ def audit_log(
     session: SessionDep,
     q: Text = None,
     actor: Text = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: RowId | None = None,
 ) -> HTMLResponse:
     require_role(request, web, Role.ADMIN)
     found = queries.search_audit(session, q=q, actor=actor or None, before_id=before_id)

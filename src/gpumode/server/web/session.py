@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from gpumode.server.auth import Principal, Role, authenticate
 from gpumode.server.models import ApiToken, Node
+from gpumode.server.schemas import MAX_ROW_ID
 
 COOKIE = "gpumode_session"
 KEY_ENV = "GPUMODE_WEB_SESSION_KEY"
@@ -85,6 +86,8 @@ class SessionKeys:
         payload, _, mac = cookie.rpartition(".")
         parts = payload.split(".")
         if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            return None
+        if not 1 <= int(parts[0]) <= MAX_ROW_ID:  # a number no row can have: not a query for the driver
             return None
         if int(parts[1]) < (now if now is not None else time.time()):
             return None

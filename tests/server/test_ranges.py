@@ -89,6 +89,7 @@ def test_big_integers_answer_404_or_422_on_every_route(api: Api) -> None:
     app = api.client.app
     with app.state.gpumode.sessions() as session:  # type: ignore[attr-defined]
         cookie = app.state.gpumode_web_keys.sign_in(session, api.admin).cookie  # type: ignore[attr-defined]
+        session.commit()
     api.client.cookies.set(COOKIE, cookie)
     node = api.join("n1")
     answers: dict[tuple[str, str, int], int] = {}

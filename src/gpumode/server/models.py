@@ -123,6 +123,22 @@ class ApiToken(Base):
     created_by: Mapped[str | None] = mapped_column(String(128))
 
 
+class DashboardSession(Base):
+    """A dashboard sign-in, standing for an API token until it expires or is ended (sign-out, an admin)."""
+
+    __tablename__ = "web_sessions"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    nonce_hash: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256 of the cookie's nonce
+    client: Mapped[str | None] = mapped_column(String(64))  # the address it signed in from
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_by: Mapped[str | None] = mapped_column(String(128))
+
+
 class JoinToken(Base):
     """A secret agents exchange for node tokens, ``uses`` times at most and until ``expires_at``."""
 

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpumode import __version__
-from gpumode.server import db, web
+from gpumode.server import conflicts, db, web
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
 from gpumode.server.metrics import Metrics
@@ -66,6 +66,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     web.install(app)  # the dashboard under /ui (docs/dashboard.md)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected_error)
+    conflicts.install(app)  # two servers racing on one database: 409 and a retry hint
     # Outermost first: refuse oversized bodies before anything else, then audit what remains.
     app.add_middleware(AuditMiddleware, sessions=lambda: state.sessions)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 
 from gpumode.server import joining, sync
 from gpumode.server.audit import commit_audited, set_principal
@@ -104,19 +103,15 @@ def join(
         node.vms = body.snapshot.vms_json()
 
     _, node_secret = create_node_token(session, node, created_by=f"join:{join_token.name}")
-    try:
-        commit_audited(
-            request,
-            session,
-            target=f"node:{node.name}",
-            status_code=201,
-            detail=(f"rejoined ({proof})" if rejoin else "joined") + f" with join token {join_token.name!r}",
-        )
-    except IntegrityError as exc:  # two agents joined the same new hostname at once
-        session.rollback()
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"node {body.hostname} joined concurrently; retry"
-        ) from exc
+    # Two agents joining one new hostname at once (on two servers, say): the database refuses the second
+    # insert, here or in the sync above, and gpumode.server.conflicts answers 409 with a retry hint.
+    commit_audited(
+        request,
+        session,
+        target=f"node:{node.name}",
+        status_code=201,
+        detail=(f"rejoined ({proof})" if rejoin else "joined") + f" with join token {join_token.name!r}",
+    )
     state.seen(node.name, now)
     return JoinResponse(node=node.name, token=node_secret, sync=summary)
 

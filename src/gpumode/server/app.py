@@ -19,6 +19,7 @@ from gpumode.server import conflicts, db, web
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
 from gpumode.server.metrics import Metrics
+from gpumode.server.responses import AUTHENTICATED
 from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens, work
 from gpumode.server.routes import jobs as job_routes
 from gpumode.server.settings import Settings
@@ -61,7 +62,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.state.gpumode = state
     state.metrics.registry.register(JobsCollector(sessions))
     for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
-        app.include_router(module.router, prefix=API)
+        app.include_router(module.router, prefix=API, responses=AUTHENTICATED)
     app.include_router(health.router)
     web.install(app)  # the dashboard under /ui (docs/dashboard.md)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -19,7 +19,7 @@ from pydantic import (
 from gpumode.cloud.base import CardStatus
 from gpumode.domain import Mode, VmPolicy
 from gpumode.orm import as_utc
-from gpumode.server.auth import Role
+from gpumode.server.auth import USER_ROLES, Role
 from gpumode.server.snapshot import Hostname, SnapshotIn
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
@@ -33,7 +33,7 @@ def _name(value: str) -> str:
     return value
 
 
-Name = Annotated[str, AfterValidator(_name)]
+Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
 # An id from a path, a query or a body, checked against its column before any query sees it: ids are INTEGER
 # columns, 32-bit on PostgreSQL (64-bit on SQLite), so a larger number can name no row and would make the
 # database driver fail instead of the query finding nothing.
@@ -56,7 +56,7 @@ class In(BaseModel):
 
 class TokenCreate(In):
     name: Name
-    role: Role
+    role: Annotated[Role, WithJsonSchema({"type": "string", "enum": [r.value for r in USER_ROLES]})]
 
     @field_validator("role")
     @classmethod
@@ -217,6 +217,8 @@ class ProfileOut(ProfileIn):
 def _hex_id(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
+    elif isinstance(value, float) and value.is_integer():  # JSON has one number type: 4318.0 is 4318
+        number = int(value)
     elif isinstance(value, str):
         text = value.lower().removeprefix("0x")
         if not re.fullmatch(r"[0-9a-f]{1,4}", text):
@@ -259,7 +261,9 @@ class AliasOut(BaseModel):
 # --- whitelist, events, audit
 # --------------------------------------------------------------------------------------
 
-ModeList = Annotated[list[Mode], Field(max_length=3)]
+# A mode one can switch to: the enum's other members (none, mixed) only describe hosts.
+SwitchMode = Annotated[Mode, WithJsonSchema({"type": "string", "enum": [m.value for m in SWITCHABLE]})]
+ModeList = Annotated[list[SwitchMode], Field(max_length=3)]
 
 
 def _switchable(modes: list[Mode]) -> list[Mode]:
@@ -279,6 +283,9 @@ def _model_key(value: str) -> str:
     return text
 
 
+ModelKey = Annotated[str, WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$"})]
+
+
 class Whitelist(In):
     """Enabled modes per level; a GPU may use a mode only if every level that names it allows the mode.
 
@@ -287,8 +294,9 @@ class Whitelist(In):
     """
 
     platform: Modes = list(SWITCHABLE)
-    groups: dict[Name, Modes] = {}
-    models: dict[str, Modes] = {}
+    # Keys are checked: the document says so (only keys of that form, nothing else).
+    groups: dict[Name, Modes] = Field(default={}, json_schema_extra={"additionalProperties": False})
+    models: dict[ModelKey, Modes] = Field(default={}, json_schema_extra={"additionalProperties": False})
 
     @field_validator("models")
     @classmethod
@@ -329,7 +337,7 @@ NodeDetail.model_rebuild()
 class SwitchIn(In):
     """A switch request: a target mode for the node (or ``gpus``), its options, and the VM policy."""
 
-    mode: Annotated[Mode, Field(strict=False)]
+    mode: Annotated[SwitchMode, Field(strict=False)]
     gpus: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=512)] = []
     vgpu_type: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     vgpu_count: Annotated[int, Field(ge=1, le=64)] | None = None

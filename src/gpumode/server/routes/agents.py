@@ -21,6 +21,7 @@ from gpumode.server.auth import (
 )
 from gpumode.server.deps import Admin, PlatformDep, SessionDep, StateDep
 from gpumode.server.models import ApiToken, JoinToken, Node
+from gpumode.server.responses import errors
 from gpumode.server.schemas import JoinRequest, JoinResponse, ReplaceOut
 from gpumode.server.snapshot import Hostname
 
@@ -47,6 +48,7 @@ def join_secret(request: Request, session: SessionDep) -> str:
 
 @router.post(
     "/agents/join",
+    responses=errors(409),
     response_model=JoinResponse,
     status_code=status.HTTP_201_CREATED,
     summary="Exchange a join token and a first snapshot for a node token",
@@ -117,7 +119,10 @@ def join(
 
 
 @router.post(
-    "/nodes/{name}/replace", response_model=ReplaceOut, summary="Allow a new host to take a node over"
+    "/nodes/{name}/replace",
+    responses=errors(404, 409),
+    response_model=ReplaceOut,
+    summary="Allow a new host to take a node over",
 )
 def allow_replacement(name: Hostname, who: Admin, request: Request, session: SessionDep) -> ReplaceOut:
     """The next join under ``name`` (within 24 h, with any valid join token) takes the node over without

@@ -27,6 +27,7 @@ from gpumode.server.deps import (
     server_state,
 )
 from gpumode.server.models import Job, Rollout
+from gpumode.server.responses import errors
 from gpumode.server.schemas import (
     DryRunOut,
     JobOut,
@@ -89,6 +90,7 @@ def _caller(request: Request, session: Session, platform: CloudPlatform, princip
 
 @router.post(
     "/nodes/{name}/switch",
+    responses=errors(404, 409),
     response_model=JobOut | DryRunOut,
     status_code=status.HTTP_201_CREATED,
     summary="Switch a node (or some of its GPUs) to a mode: a job, or with dry_run=true only its plan",
@@ -137,7 +139,7 @@ def list_jobs(
     return [job_out(j) for j in session.scalars(query)]
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut)
+@router.get("/jobs/{job_id}", responses=errors(404), response_model=JobOut)
 def get_job(job_id: RowId, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
     with refusals():
         job = stored_job(session, job_id)
@@ -146,7 +148,10 @@ def get_job(job_id: RowId, principal: PrincipalDep, session: SessionDep) -> dict
 
 
 @router.post(
-    "/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (a running one is rolled back)"
+    "/jobs/{job_id}/cancel",
+    responses=errors(404, 409),
+    response_model=JobOut,
+    summary="Cancel a job (a running one is rolled back)",
 )
 def cancel_job(
     job_id: RowId, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
@@ -160,6 +165,7 @@ def cancel_job(
 
 @router.post(
     "/groups/{group}/switch",
+    responses=errors(404, 409),
     response_model=RolloutOut | RolloutDryRunOut,
     status_code=status.HTTP_201_CREATED,
     summary="Switch every node of a host group: one job per node, N at once, within a failure budget",
@@ -189,7 +195,7 @@ def list_rollouts(
     return [rollouts.out(session, r) for r in found]
 
 
-@router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
+@router.get("/rollouts/{rollout_id}", responses=errors(404), response_model=RolloutOut)
 def get_rollout(rollout_id: RowId, _: Viewer, session: SessionDep) -> dict[str, Any]:
     with refusals():
         return rollouts.out(session, rollouts.get(session, rollout_id))
@@ -197,6 +203,7 @@ def get_rollout(rollout_id: RowId, _: Viewer, session: SessionDep) -> dict[str, 
 
 @router.post(
     "/rollouts/{rollout_id}/cancel",
+    responses=errors(404, 409),
     response_model=RolloutOut,
     summary="Start no more jobs and cancel the queued ones; running jobs finish",
 )

@@ -33,6 +33,7 @@ from gpumode.server import audit, sync
 from gpumode.server.auth import Role, bearer_secret, hash_secret, principal_of, token_lookup
 from gpumode.server.deps import node_access
 from gpumode.server.models import Node, vms_digest
+from gpumode.server.responses import errors
 from gpumode.server.schemas import ReportResponse
 from gpumode.server.snapshot import SnapshotIn
 from gpumode.server.state import ServerState
@@ -58,6 +59,7 @@ _LOOKUP = (
 
 @router.post(
     "/nodes/{name}/report",
+    responses=errors(404, 409),
     response_model=ReportResponse,
     openapi_extra=_BODY,
     summary="Report the node's snapshot (node token of that node, or admin); unchanged → nothing is written",

@@ -12,6 +12,7 @@ from gpumode.server.auth import create_join_token as issue_join_token
 from gpumode.server.auth import create_user_token
 from gpumode.server.deps import Admin, SessionDep, StateDep
 from gpumode.server.models import ApiToken, JoinToken, Node
+from gpumode.server.responses import errors
 from gpumode.server.schemas import (
     JoinTokenCreate,
     JoinTokenCreated,
@@ -58,7 +59,9 @@ def list_tokens(_: Admin, session: SessionDep) -> list[dict[str, object]]:
     return [_token_out(token, node) for token, node in rows]
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/tokens", responses=errors(409), response_model=TokenCreated, status_code=status.HTTP_201_CREATED
+)
 def create_token(body: TokenCreate, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token, secret = create_user_token(session, body.name, body.role, created_by=who.name)
     commit_audited(
@@ -71,7 +74,7 @@ def create_token(body: TokenCreate, who: Admin, request: Request, session: Sessi
     return {**_token_out(token, None), "token": secret}
 
 
-@router.delete("/tokens/{token_id}", response_model=TokenOut)
+@router.delete("/tokens/{token_id}", responses=errors(404, 409), response_model=TokenOut)
 def revoke_token(token_id: RowId, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(ApiToken, token_id)
     if token is None:
@@ -89,7 +92,12 @@ def list_join_tokens(_: Admin, session: SessionDep) -> list[dict[str, object]]:
     return [_join_out(t) for t in session.scalars(select(JoinToken).order_by(JoinToken.id))]
 
 
-@router.post("/join-tokens", response_model=JoinTokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/join-tokens",
+    responses=errors(409),
+    response_model=JoinTokenCreated,
+    status_code=status.HTTP_201_CREATED,
+)
 def create_join_token(
     body: JoinTokenCreate, who: Admin, request: Request, session: SessionDep, state: StateDep
 ) -> dict[str, object]:
@@ -115,7 +123,7 @@ def create_join_token(
     }
 
 
-@router.delete("/join-tokens/{token_id}", response_model=JoinTokenOut)
+@router.delete("/join-tokens/{token_id}", responses=errors(404, 409), response_model=JoinTokenOut)
 def revoke_join_token(token_id: RowId, _: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(JoinToken, token_id)
     if token is None:

@@ -99,7 +99,9 @@ def load_desired(host: Host) -> DesiredState:
             for address, d in data["gpus"].items()
         }
         previous = {
-            address: None if d is None else GpuDesire(
+            address: None
+            if d is None
+            else GpuDesire(
                 mode=Mode(d["mode"]),
                 vgpu_type=d.get("vgpu_type"),
                 vgpu_count=d.get("vgpu_count"),
@@ -125,9 +127,7 @@ def save_desired(host: Host, state: DesiredState) -> None:
         "gpus": {a: state.gpus[a].to_dict() for a in sorted(state.gpus)},
     }
     if state.previous:
-        body["previous"] = {
-            a: None if d is None else d.to_dict() for a, d in sorted(state.previous.items())
-        }
+        body["previous"] = {a: None if d is None else d.to_dict() for a, d in sorted(state.previous.items())}
     atomic_write(desired_path(host), json.dumps(body, indent=2) + "\n")
 
 

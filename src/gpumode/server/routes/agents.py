@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select, update
 
-from gpumode.server import joining, sync
+from gpumode.server import card_holders, joining, sync
 from gpumode.server.audit import commit_audited, set_principal
 from gpumode.server.auth import (
     JoinRefused,
@@ -103,6 +103,7 @@ def join(
         summary = sync.SyncResult(node=node.name, changed=False).summary()
     if body.snapshot.vms is not None:
         node.vms = body.snapshot.vms_json()
+    session.add_all(card_holders.follow_vms(platform, node.name, node.vms, now))
 
     _, node_secret = create_node_token(session, node, created_by=f"join:{join_token.name}")
     # Two agents joining one new hostname at once (on two servers, say): the database refuses the second

@@ -98,7 +98,7 @@ class Server:
         return r.json()
 
     def join_token(self) -> str:
-        r = self.call("POST", "/join-tokens", json={"name": "e2e", "uses": None})
+        r = self.call("POST", "/join-tokens", json={"name": "e2e", "uses": 1000})
         assert r.status_code == 201, r.text
         token: str = r.json()["token"]
         return token

@@ -68,7 +68,7 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     base = tmp_path_factory.mktemp("fleet")
     server = LocalServer(base / "gpumode.db")
-    creds = server.initialise()
+    creds = server.initialise(join_uses=1000)
     server.start()
     home = base / "home"
     home.mkdir()

@@ -123,6 +123,21 @@ def test_join_token_prints_the_agent_command(fleet: Fleet) -> None:
     assert f"gpumode agent --server {fleet.url} --token gpmj_" in r.stdout
 
 
+def test_join_tokens_listed_and_revoked_and_a_replacement_allowed(fleet: Fleet) -> None:
+    r = fleet.cli("token", "join", "--name", "rack-9", "--json")
+    made = json.loads(r.stdout)
+    r = fleet.cli("token", "joins")
+    assert r.exit_code == 0 and "rack-9" in r.stdout and "1 of 1" in r.stdout, r.output
+    r = fleet.cli("token", "revoke-join", str(made["id"]))
+    assert r.exit_code == 0 and "revoked join token 'rack-9'" in r.stdout, r.output
+    listed = {t["id"]: t for t in json.loads(fleet.cli("token", "joins", "--json").stdout)}
+    assert listed[made["id"]]["revoked"] is True
+    assert fleet.cli("token", "join", "--uses", "0").exit_code == EXIT_BAD_INPUT
+    r = fleet.cli("token", "replace", "ws-cad-12")
+    assert r.exit_code == 0 and "the next join as ws-cad-12" in r.stdout, r.output
+    assert fleet.cli("token", "replace", "no-such-node").exit_code != 0
+
+
 def test_switch_dry_run_shows_plan_and_impact_and_stores_nothing(fleet: Fleet) -> None:
     r = fleet.cli("switch", "t4-edge-02", "--mode", "accel", "--dry-run")
     assert r.exit_code == 0, r.output

@@ -62,7 +62,7 @@ def api(tmp_path: Path, placement: PlacementAdmin, t4_template: Path) -> Iterato
     try:
         with TestClient(create_app(settings, engine=engine)) as client:
             api = OpenStackApi(client, admin, {})
-            join = api.call("POST", "/join-tokens", json={"name": "test", "uses": None}).json()["token"]
+            join = api.call("POST", "/join-tokens", json={"name": "test", "uses": 1000}).json()["token"]
             for name in NODES:
                 renamed = replace(snapshot, hostname=name)
                 renamed.fingerprint = renamed.compute_fingerprint()

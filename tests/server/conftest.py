@@ -80,7 +80,7 @@ class Api:
         secret: str = r.json()["token"]
         return secret
 
-    def join_token(self, uses: int | None = None) -> str:
+    def join_token(self, uses: int = 1) -> str:
         r = self.call("POST", "/join-tokens", self.admin, json={"name": "test", "uses": uses})
         assert r.status_code == 201, r.text
         secret: str = r.json()["token"]

@@ -68,7 +68,7 @@ def test_node_token_only_for_its_own_node(api: Api) -> None:
     assert api.call("PUT", "/profiles/p", t1, json={"vgpu_type": "a", "count_per_gpu": 1}).status_code == 403
 
 
-def test_single_use_join_token_and_rejoin_revokes_old_node_token(api: Api) -> None:
+def test_single_use_join_token_and_rejoin_with_proof_revokes_old_node_token(api: Api) -> None:
     join = api.join_token(uses=1)
     body = {"hostname": "n1", "snapshot": host("n1").to_dict()}
     first = api.call("POST", "/agents/join", join, json=body)
@@ -76,11 +76,63 @@ def test_single_use_join_token_and_rejoin_revokes_old_node_token(api: Api) -> No
     again = api.call("POST", "/agents/join", join, json=body)
     assert again.status_code == 401
     old = first.json()["token"]
-    new = api.call("POST", "/agents/join", api.join_token(), json=body).json()["token"]
+    r = api.call("POST", "/agents/join", api.join_token(), json={**body, "node_token": old})
+    assert r.status_code == 201, r.text
+    new = r.json()["token"]
     assert api.report("n1", old, host("n1").to_dict()).status_code == 401
     assert api.report("n1", new, host("n1").to_dict()).status_code == 200
-    assert len(api.events(kind="node.rejoined")) == 1
+    rejoined = api.events(kind="node.rejoined")
+    assert len(rejoined) == 1 and "current node token" in rejoined[0]["message"]
     assert len(api.cards(node="n1")) == 2  # same hardware: no duplicate cards
+
+
+def test_rejoin_without_proof_is_refused_and_changes_nothing(api: Api) -> None:
+    node_token = api.join("n1")
+    other = api.join("n2")
+    body = {"hostname": "n1", "snapshot": host("n1", 3).to_dict()}
+    join = api.join_token(uses=1)
+    for proof in ({}, {"node_token": other}, {"node_token": "gpmn_" + "x" * 43}, {"node_token": api.admin}):
+        r = api.call("POST", "/agents/join", join, json={**body, **proof})
+        assert r.status_code == 409, (proof, r.text)
+        assert r.json()["detail"]["code"] == "node_exists"
+        assert "gpumode token replace n1" in r.json()["detail"]["message"]
+    # nothing changed: the real agent's token works, the hardware is as it was, the join token is unused
+    assert api.report("n1", node_token, host("n1").to_dict()).status_code == 200
+    assert len(api.cards(node="n1")) == 2
+    assert api.events(kind="node.rejoined") == []
+    assert [t["uses_left"] for t in api.get("/join-tokens").json()][-1] == 1
+    refused = [e for e in api.get("/audit").json() if e["action"] == "POST /api/v1/agents/join"]
+    assert [e["status_code"] for e in refused][:4] == [409] * 4
+
+
+def test_an_admin_allows_a_replacement_once(api: Api) -> None:
+    old = api.join("n1")
+    body = {"hostname": "n1", "snapshot": host("n1").to_dict()}
+    assert api.call("POST", "/nodes/n1/replace", api.token(Role.OPERATOR)).status_code == 403
+    assert api.call("POST", "/nodes/ghost/replace", api.admin).status_code == 404
+    r = api.call("POST", "/nodes/n1/replace", api.admin)
+    assert r.status_code == 200 and r.json()["replace_by"] == "root", r.text
+    assert api.report("n1", old, host("n1").to_dict()).status_code == 200  # still works until the join
+    r = api.call("POST", "/agents/join", api.join_token(), json=body)
+    assert r.status_code == 201, r.text
+    assert api.report("n1", old, host("n1").to_dict()).status_code == 401
+    assert "replacement allowed by root" in api.events(kind="node.rejoined")[0]["message"]
+    # used up: the next join without proof is refused again
+    assert api.call("POST", "/agents/join", api.join_token(), json=body).status_code == 409
+    audit = api.get("/audit").json()
+    assert any(e["action"] == "POST /api/v1/nodes/{name}/replace" and e["status_code"] == 200 for e in audit)
+
+
+def test_join_tokens_always_run_out(api: Api) -> None:
+    for bad in ({"uses": None}, {"uses": 0}, {"expires_in_s": None}, {"expires_in_s": 0}, {"uses": 10**6}):
+        r = api.call("POST", "/join-tokens", api.admin, json={"name": "x", **bad})
+        assert r.status_code == 422, (bad, r.text)
+    made = api.call("POST", "/join-tokens", api.admin, json={"name": "d"}).json()
+    assert made["uses"] == made["uses_left"] == 1
+    from datetime import datetime
+
+    lifetime = datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"])
+    assert lifetime.total_seconds() == 86400
 
 
 def test_join_refusals(api: Api) -> None:
@@ -133,7 +185,7 @@ def test_expired_join_token_is_refused(api: Api) -> None:
 
     from gpumode.server.models import JoinToken
 
-    secret = api.join_token(uses=None)
+    secret = api.join_token(uses=5)
     with api.engine.begin() as conn:
         conn.execute(update(JoinToken).values(expires_at=datetime.now(UTC) - timedelta(seconds=1)))
     r = api.call("POST", "/agents/join", secret, json={"hostname": "n1", "snapshot": host("n1").to_dict()})

@@ -77,7 +77,7 @@ class Seed:
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Seed:
     where = tmp_path_factory.mktemp("web-seed")
     settings = Settings(db=str(where / "gpumode.db"))
-    creds = initialise(settings)
+    creds = initialise(settings, join_uses=1000)
     with TestClient(create_app(settings), client=LOOPBACK) as client:
         d = Dash(client, creds.admin_token, creds.join_token, where)
         d.join_fixture("hgx-h100")

@@ -1,15 +1,17 @@
 """The agent's HTTP client: every call to the server, retried with exponential backoff while the server is
 away (connection refused, timeouts, 5xx), until it answers or the agent is told to stop.
 
-A 4xx answer is not retried: it means the request itself is wrong (or the token), and repeating it cannot
-help; the caller decides what to do with :class:`ApiError`.
+A 4xx answer is not retried: it means the request itself is wrong, and repeating it cannot help; the caller
+decides what to do with :class:`ApiError`. Except 401 and 403 to a client with :class:`Credentials` (the
+agent's node token): the token is no longer valid, and the call is retried with backoff, with the token the
+credentials give at each try, until one is accepted (:mod:`gpumode.agent.credentials`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
@@ -27,6 +29,20 @@ class ApiError(RuntimeError):
         self.detail = detail
 
 
+class TokenRefused(ApiError):
+    """401/403: the server does not accept the token (revoked, or the node was replaced)."""
+
+
+class Credentials(Protocol):
+    """Where a client's token comes from, and whom to tell when the server refuses or accepts it."""
+
+    def current(self) -> str: ...
+
+    def refused(self, token: str, status: int, detail: object) -> None: ...
+
+    def accepted(self, token: str) -> None: ...
+
+
 class Stopped(RuntimeError):
     """The agent is stopping: a call waiting for the server gave up."""
 
@@ -36,7 +52,7 @@ class _ServerAway(RuntimeError):
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.TransportError, _ServerAway))
+    return isinstance(exc, (httpx.TransportError, _ServerAway, TokenRefused))
 
 
 class Client:
@@ -50,9 +66,11 @@ class Client:
         stop: threading.Event | None = None,
         max_backoff_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.token = token
+        self.credentials = credentials
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
         self._http = httpx.Client(base_url=self.server + API, timeout=30.0, transport=transport)
@@ -76,11 +94,13 @@ class Client:
     ) -> httpx.Response:
         """One request; retried while the server is away. Returns 2xx responses, raises :class:`ApiError`."""
         what = f"{method} {path}"
-        headers = {"Authorization": f"Bearer {token or self.token}"}
-        if content is not None:
-            headers["Content-Type"] = "application/json"
+        watched = self.credentials if token is None else None
 
         def once() -> httpx.Response:
+            bearer = token or (watched.current() if watched is not None else self.token)
+            headers = {"Authorization": f"Bearer {bearer}"}
+            if content is not None:
+                headers["Content-Type"] = "application/json"
             response = self._http.request(
                 method,
                 path,
@@ -97,7 +117,12 @@ class Client:
                     detail = response.json().get("detail")
                 except ValueError:
                     detail = response.text
+                if watched is not None and response.status_code in (401, 403):
+                    watched.refused(bearer, response.status_code, detail)
+                    raise TokenRefused(response.status_code, detail, what)
                 raise ApiError(response.status_code, detail, what)
+            if watched is not None:
+                watched.accepted(bearer)
             return response
 
         if not retry:
@@ -114,7 +139,7 @@ class Client:
         )
         try:
             result: httpx.Response = retrying(once)
-        except (httpx.TransportError, _ServerAway) as exc:
+        except (httpx.TransportError, _ServerAway, TokenRefused) as exc:
             raise Stopped(f"{what}: gave up, the agent is stopping ({exc})") from exc
         return result
 
@@ -125,16 +150,21 @@ class Client:
     def _log_retry(self, what: str, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
+        if isinstance(exc, TokenRefused):  # said once, by the credentials
+            log.debug("%s: token refused; retry %d in %.1fs", what, state.attempt_number, wait)
+            return
         log.warning(
             "server unreachable for %s (%s); retry %d in %.1fs", what, exc, state.attempt_number, wait
         )
 
     # --- the API the agent uses -----------------------------------------------------------------------------
 
-    def join(self, hostname: str, snapshot: dict[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.call(
-            "POST", "/agents/join", json={"hostname": hostname, "snapshot": snapshot}
-        ).json()
+    def join(self, hostname: str, snapshot: dict[str, Any], node_token: str | None = None) -> dict[str, Any]:
+        """Trade the join token for a node token; re-joining a node needs its current ``node_token``."""
+        request: dict[str, Any] = {"hostname": hostname, "snapshot": snapshot}
+        if node_token is not None:
+            request["node_token"] = node_token
+        body: dict[str, Any] = self.call("POST", "/agents/join", json=request).json()
         return body
 
     def report(self, node: str, body: bytes) -> dict[str, Any]:

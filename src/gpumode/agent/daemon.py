@@ -18,6 +18,7 @@ from types import FrameType
 
 from gpumode.agent import config as agent_config
 from gpumode.agent.client import ApiError, Client, Stopped
+from gpumode.agent.credentials import NodeCredentials
 from gpumode.agent.executor import JobRunner
 from gpumode.agent.report import SnapshotReporter, look
 from gpumode.host.root import Host
@@ -70,11 +71,23 @@ class Agent:
             self._guarded(runner.recover)
             if self.options.apply_desired:
                 self._apply_desired()
-            reporter.report(force=True)
+            try:
+                reporter.report(force=True)
+            except ApiError as exc:  # the report loop tries again; the agent still takes work
+                log.error("the server refused the report: %s", exc)
             reporter.start()
             log.info("agent of %s ready; waiting for work from %s", self.node, self.options.server)
             while not self.stop.is_set():
-                work = client.work(self.node, self.options.wait_s)
+                try:
+                    work = client.work(self.node, self.options.wait_s)
+                except ApiError as exc:  # a refused token is retried inside; this is anything else
+                    log.error(
+                        "asking for work was refused: %s; asking again in %gs",
+                        exc,
+                        self.options.max_backoff_s,
+                    )
+                    self.stop.wait(self.options.max_backoff_s)
+                    continue
                 if work is None or self.stop.is_set():
                     continue
                 self._busy.set()
@@ -103,30 +116,40 @@ class Agent:
         except Exception:
             log.exception("running a job failed")
 
+    def _client(self, server: str, token: str) -> Client:
+        """The client every later call goes through: a refused token is retried, not fatal."""
+        credentials = NodeCredentials(self.host, server, self.node, token)
+        self.client = Client(
+            server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s, credentials=credentials
+        )
+        return self.client
+
     def connect(self) -> Client:
-        """A client with a node token: the stored one, or a fresh one from joining."""
+        """A client with a node token: the stored one, or a fresh one from joining. Given a join token as
+        well, the stored token is tried first and the agent joins only if the server no longer accepts it
+        (revoked, or the node taken over): how an agent is given a new token."""
         stored = agent_config.load(self.host)
         server = self.options.server.rstrip("/")
         token = self.options.token
         if stored is not None and stored.server == server and (token is None or token.startswith("gpmj_")):
-            self.node = stored.node
-            self.client = Client(
-                server, stored.token, stop=self.stop, max_backoff_s=self.options.max_backoff_s
-            )
-            log.info("using the node token stored in %s", agent_config.config_path(self.host))
-            return self.client
+            if token is None or self._still_accepted(server, stored):
+                self.node = stored.node
+                log.info("using the node token stored in %s", agent_config.config_path(self.host))
+                return self._client(server, stored.token)
+            log.warning("the server refuses the stored node token; joining with the join token given")
         if token is None:
             raise AgentError(
                 "no node token stored for this server: pass --token with a join token (gpmj_...)"
             )
         if token.startswith("gpmn_"):  # a node token given directly: use it as is
             self.node = look(self.host).snapshot.hostname
-            self.client = Client(server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
-            return self.client
+            return self._client(server, token)
         view = look(self.host)
         joiner = Client(server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
         try:
-            answer = joiner.join(view.snapshot.hostname, view.body())
+            # A node token stored for another server address may still be this node's: it proves a re-join.
+            proof = stored.token if stored is not None and stored.node == view.snapshot.hostname else None
+            answer = joiner.join(view.snapshot.hostname, view.body(), node_token=proof)
         except ApiError as exc:
             raise AgentError(f"joining {server} failed: {exc}") from exc
         finally:
@@ -134,10 +157,20 @@ class Agent:
         self.node = str(answer["node"])
         path = agent_config.save(self.host, agent_config.AgentConfig(server, self.node, str(answer["token"])))
         log.info("joined %s as node %s; node token stored in %s", server, self.node, path)
-        self.client = Client(
-            server, str(answer["token"]), stop=self.stop, max_backoff_s=self.options.max_backoff_s
-        )
-        return self.client
+        return self._client(server, str(answer["token"]))
+
+    def _still_accepted(self, server: str, stored: agent_config.AgentConfig) -> bool:
+        """Whether the server still takes the stored node token (waiting while the server is away)."""
+        probe = Client(server, stored.token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
+        try:
+            probe.call("GET", f"/nodes/{stored.node}")
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return False
+            raise AgentError(f"checking the stored node token with {server} failed: {exc}") from exc
+        finally:
+            probe.close()
+        return True
 
     def _apply_desired(self) -> None:
         """Bring every GPU back to its desired mode before taking work (after a reboot it is not)."""

@@ -66,7 +66,7 @@ class DemoStack:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         self.server = LocalServer(self.directory / "gpumode.db", port=self.port)
-        self.credentials = self.server.initialise()
+        self.credentials = self.server.initialise(join_uses=len(DEFAULT_FIXTURES))
         self.server.start()
 
     def create_host(self, fixture: str) -> DemoHost:

@@ -52,9 +52,10 @@ class LocalServer:
         self._thread: threading.Thread | None = None
         self._server: uvicorn.Server | None = None
 
-    def initialise(self) -> Credentials:
-        """Create the schema, a fresh admin token and a multi-use join token (``gpumode server --init``)."""
-        result = initialise(self.settings)
+    def initialise(self, join_uses: int = 1) -> Credentials:
+        """Create the schema, a fresh admin token and a join token good for ``join_uses`` joins
+        (``gpumode server --init --join-uses N``)."""
+        result = initialise(self.settings, join_uses=join_uses)
         return Credentials(result.admin_token, result.join_token)
 
     def start(self, timeout_s: float = 20.0) -> None:

@@ -275,21 +275,23 @@ def token_create(
 @remote_verb
 def token_join(
     name: str = typer.Option("cli", "--name", help="What the join token is for."),
-    uses: int = typer.Option(1, "--uses", min=0, help="How many hosts may join with it; 0: unlimited."),
-    expires_in: int = typer.Option(86400, "--expires-in", min=0, help="Seconds it stays valid; 0: never."),
+    uses: int = typer.Option(1, "--uses", min=1, max=100_000, help="How many hosts may join with it."),
+    expires_in: int = typer.Option(
+        86400, "--expires-in", min=60, max=30 * 86400, help="Seconds it stays valid (at most 30 days)."
+    ),
     as_json: bool = JsonOpt,
     remote: Remote = LOCAL,
 ) -> None:
     """Create a join token and print the `gpumode agent` command a host joins with."""
-    body = {"name": name, "uses": uses or None, "expires_in_s": expires_in or None}
+    body = {"name": name, "uses": uses, "expires_in_s": expires_in}
     with remote.connect() as client:
         data = client.post("/join-tokens", body)
     if as_json:
         show(data, True)
         return
-    uses_text = "unlimited uses" if data.get("uses_left") is None else f"{data['uses_left']} use(s)"
-    until = render.clock(data.get("expires_at")) if data.get("expires_at") else "never"
-    out().print(f"join token {data['name']!r} (id {data['id']}; {uses_text}; expires {until}). On each host:")
+    until = render.clock(data.get("expires_at"))
+    left = f"{data['uses_left']} use(s)"
+    out().print(f"join token {data['name']!r} (id {data['id']}; {left}; expires {until}). On each host:")
     sys.stdout.write(f"  {data['join_command']}\n")
 
 
@@ -315,3 +317,43 @@ def token_revoke(
     with remote.connect() as client:
         data = client.delete(f"/tokens/{token_id}")
     out().print(f"revoked token {data['name']!r} (id {data['id']})")
+
+
+@token_app.command("joins")
+@remote_verb
+def token_joins(
+    as_json: bool = JsonOpt,
+    remote: Remote = LOCAL,
+) -> None:
+    """List join tokens: uses left, expiry (never their secrets)."""
+    with remote.connect() as client:
+        data = client.get("/join-tokens")
+    show(data, as_json, render.join_tokens_table(data))
+
+
+@token_app.command("revoke-join")
+@remote_verb
+def token_revoke_join(
+    token_id: int = typer.Argument(..., help="The join token's id (see `gpumode token joins`)."),
+    remote: Remote = LOCAL,
+) -> None:
+    """Revoke a join token; no host can join with it from now on."""
+    with remote.connect() as client:
+        data = client.delete(f"/join-tokens/{token_id}")
+    out().print(f"revoked join token {data['name']!r} (id {data['id']})")
+
+
+@token_app.command("replace")
+@remote_verb
+def token_replace(
+    node: str = typer.Argument(..., help="The node a new or reinstalled host is to take over."),
+    remote: Remote = LOCAL,
+) -> None:
+    """Allow the next join under NODE's name to take the node over without its current node token (a host
+    reinstalled or replaced that lost it); valid for 24 hours, audited."""
+    with remote.connect() as client:
+        data = client.post(f"/nodes/{node}/replace")
+    out().print(
+        f"the next join as {data['node']} until {render.clock(data['replace_until'])} takes the node over; "
+        "its current node token works until then"
+    )

@@ -175,6 +175,21 @@ def tokens_table(tokens: Sequence[Row], title: str | None = "tokens") -> Table:
     return table
 
 
+def join_tokens_table(tokens: Sequence[Row], title: str | None = "join tokens") -> Table:
+    table = _table(title, "id", "name", "uses left", "expires", "revoked", "created", right=("id",))
+    for t in tokens:
+        made_for = t.get("uses")
+        table.add_row(
+            str(t["id"]),
+            t["name"],
+            f"{t.get('uses_left')} of {made_for}" if made_for is not None else str(t.get("uses_left")),
+            clock(t.get("expires_at")) if t.get("expires_at") else "-",
+            "yes" if t.get("revoked") else "no",
+            clock(t.get("created_at")),
+        )
+    return table
+
+
 # --- plans and jobs -----------------------------------------------------------------------------------------
 
 

@@ -17,6 +17,9 @@ def server(
     db: str | None = typer.Option(None, "--db", help="SQLite file path or postgresql+psycopg:// URL"),
     config: Path | None = typer.Option(None, "--config", help="TOML or YAML settings file"),
     init: bool = typer.Option(False, "--init", help="Create/upgrade the database and print an admin token"),
+    join_uses: int = typer.Option(
+        1, "--join-uses", min=1, max=100_000, help="With --init: how many hosts may join with its join token"
+    ),
 ) -> None:
     """Run the gpumode server (settings: options > GPUMODE_* environment > --config file > defaults)."""
     # Imported here so `gpumode discover` and friends never pay for FastAPI and SQLAlchemy.
@@ -28,7 +31,7 @@ def server(
         typer.echo(f"gpumode server: {exc}", err=True)
         raise typer.Exit(2) from exc
     if init:
-        _init(settings)
+        _init(settings, join_uses)
         return
     import uvicorn
 
@@ -37,12 +40,12 @@ def server(
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
 
 
-def _init(settings: Settings) -> None:
+def _init(settings: Settings, join_uses: int) -> None:
     from gpumode.server.bootstrap import initialise
     from gpumode.server.db import DatabaseUrlError
 
     try:
-        result = initialise(settings)
+        result = initialise(settings, join_uses=join_uses)
     except DatabaseUrlError as exc:
         typer.echo(f"gpumode server: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -55,7 +58,8 @@ def _init(settings: Settings) -> None:
     typer.echo(f"  {result.admin_token}")
     typer.echo("")
     until = f"{result.join_expires_at:%Y-%m-%d %H:%M} UTC"
-    typer.echo(f"Join hosts (any number; this join token is valid until {until}):")
+    hosts = "one host" if result.join_uses == 1 else f"up to {result.join_uses} hosts"
+    typer.echo(f"Join {hosts} (this join token is valid until {until}; more: gpumode token join):")
     typer.echo(f"  gpumode agent --server {url} --token {result.join_token}")
     typer.echo("")
     where = f"--db {settings.db} --host {settings.host} --port {settings.port}"

@@ -19,6 +19,7 @@ from gpumode.domain import VmDevice as VmDevice
 if TYPE_CHECKING:
     from gpumode.host.root import Host
 
+
 class HypervisorError(RuntimeError):
     """A VM operation failed; the message names the VM and what was attempted."""
 

@@ -617,12 +617,15 @@ class _Planner:
             "alias": aliases[0] if len(aliases) == 1 else (", ".join(aliases) or None),
             "vgpu_type": types[0] if len(types) == 1 else (", ".join(types) or None),
         }
+        # one card per vGPU the host creates (per GPU: its count), one per GPU otherwise
+        total = sum(c["vgpu_count"] or 1 for c in cards) if req.mode is Mode.VGPU else len(cards)
+        on = f" on {len(cards)} GPU(s)" if total != len(cards) else ""
         return [
             _Draft(
                 "cloud.register_cards",
                 host,
                 {"cards": cards},
-                f"register {len(cards)} {req.mode.value} card(s)",
+                f"register {total} {req.mode.value} card(s){on}",
                 where="cloud",
             ),
             _Draft("cloud.deploy_env", host, env, f"deploy the {req.mode.value} environment", where="cloud"),

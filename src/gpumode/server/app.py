@@ -15,10 +15,11 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpumode import __version__
-from gpumode.server import db, web
+from gpumode.server import conflicts, db, web
 from gpumode.server.audit import AuditMiddleware
 from gpumode.server.limits import BodyLimitMiddleware
 from gpumode.server.metrics import Metrics
+from gpumode.server.responses import AUTHENTICATED
 from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens, work
 from gpumode.server.routes import jobs as job_routes
 from gpumode.server.settings import Settings
@@ -61,11 +62,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.state.gpumode = state
     state.metrics.registry.register(JobsCollector(sessions))
     for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
-        app.include_router(module.router, prefix=API)
+        app.include_router(module.router, prefix=API, responses=AUTHENTICATED)
     app.include_router(health.router)
     web.install(app)  # the dashboard under /ui (docs/dashboard.md)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected_error)
+    conflicts.install(app)  # two servers racing on one database: 409 and a retry hint
     # Outermost first: refuse oversized bodies before anything else, then audit what remains.
     app.add_middleware(AuditMiddleware, sessions=lambda: state.sessions)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -136,6 +136,40 @@ def create_node_token(session: Session, node: Node, *, created_by: str | None) -
     return token, secret
 
 
+JOIN_TOKEN_USES = 1
+JOIN_TOKEN_TTL = timedelta(hours=24)
+
+
+def create_join_token(
+    session: Session,
+    name: str,
+    *,
+    uses: int = JOIN_TOKEN_USES,
+    ttl: timedelta = JOIN_TOKEN_TTL,
+    created_by: str | None,
+    now: datetime,
+) -> tuple[JoinToken, str]:
+    """A join token good for ``uses`` joins until ``now + ttl``: every join token runs out, in both."""
+    if uses < 1:
+        raise ValueError(f"a join token is good for at least one join, not {uses}")
+    if ttl <= timedelta(0):
+        raise ValueError(f"a join token must expire after it is made, not {ttl} later")
+    secret, digest = new_secret(TokenKind.JOIN)
+    token = JoinToken(
+        name=name,
+        token_hash=digest,
+        uses=uses,
+        uses_left=uses,
+        revoked=False,
+        created_at=now,
+        created_by=created_by,
+        expires_at=now + ttl,
+    )
+    session.add(token)
+    session.flush()
+    return token, secret
+
+
 class JoinRefused(Exception):
     """A join token that cannot be used; the message says why (for the audit log, not for the caller)."""
 
@@ -149,16 +183,16 @@ def redeem_join_token(session: Session, secret: str, *, now: datetime) -> JoinTo
     if token.revoked:
         raise JoinRefused(f"join token {token.name!r} is revoked")
     expires = token.expires_at
-    if expires is not None and (expires if expires.tzinfo else expires.replace(tzinfo=UTC)) <= now:
+    # No expiry or no use count: made before migration 0006 (which revoked those); refused all the same.
+    if expires is None or (expires if expires.tzinfo else expires.replace(tzinfo=UTC)) <= now:
         raise JoinRefused(f"join token {token.name!r} expired")
-    if token.uses_left is not None:
-        # An atomic conditional decrement: two agents racing for the last use cannot both win.
-        taken = session.execute(
-            update(JoinToken)
-            .where(JoinToken.id == token.id, JoinToken.uses_left > 0)
-            .values(uses_left=JoinToken.uses_left - 1)
-            .execution_options(synchronize_session=False)
-        )
-        if getattr(taken, "rowcount", 0) != 1:
-            raise JoinRefused(f"join token {token.name!r} is used up")
+    # An atomic conditional decrement: two agents racing for the last use cannot both win.
+    taken = session.execute(
+        update(JoinToken)
+        .where(JoinToken.id == token.id, JoinToken.uses_left > 0)
+        .values(uses_left=JoinToken.uses_left - 1)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(taken, "rowcount", 0) != 1:
+        raise JoinRefused(f"join token {token.name!r} is used up")
     return token

@@ -72,6 +72,10 @@ class Node(Base):
     # :func:`vms_digest` of ``vms``, kept with them: a report compares its VMs with the stored ones in the
     # same indexed read as the fingerprint, so a server process sees VMs another process stored (0004).
     vms_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # An admin's "replace this node": until then a join under this name may take the node over without its
+    # current node token (a reinstalled host that lost it); used up by that join (0006).
+    replace_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    replace_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     @validates("vms")
     def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -119,8 +123,24 @@ class ApiToken(Base):
     created_by: Mapped[str | None] = mapped_column(String(128))
 
 
+class DashboardSession(Base):
+    """A dashboard sign-in, standing for an API token until it expires or is ended (sign-out, an admin)."""
+
+    __tablename__ = "web_sessions"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    nonce_hash: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256 of the cookie's nonce
+    client: Mapped[str | None] = mapped_column(String(64))  # the address it signed in from
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_by: Mapped[str | None] = mapped_column(String(128))
+
+
 class JoinToken(Base):
-    """A secret an agent exchanges once (or ``uses_left`` times) for a node token."""
+    """A secret agents exchange for node tokens, ``uses`` times at most and until ``expires_at``."""
 
     __tablename__ = "join_tokens"
     __table_args__ = NO_ID_REUSE
@@ -128,7 +148,8 @@ class JoinToken(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    uses_left: Mapped[int | None] = mapped_column(Integer)  # None: unlimited
+    uses: Mapped[int | None] = mapped_column(Integer)  # joins it was made for (None: made before 0006)
+    uses_left: Mapped[int | None] = mapped_column(Integer)  # None only before 0006, which revoked those
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -6,12 +6,20 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 
 from gpumode.cloud.base import CardStatus
 from gpumode.domain import Mode, VmPolicy
 from gpumode.orm import as_utc
-from gpumode.server.auth import Role
+from gpumode.server.auth import USER_ROLES, Role
 from gpumode.server.snapshot import Hostname, SnapshotIn
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
@@ -25,7 +33,15 @@ def _name(value: str) -> str:
     return value
 
 
-Name = Annotated[str, AfterValidator(_name)]
+Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
+# An id from a path, a query or a body, checked against its column before any query sees it: ids are INTEGER
+# columns, 32-bit on PostgreSQL (64-bit on SQLite), so a larger number can name no row and would make the
+# database driver fail instead of the query finding nothing.
+MAX_ROW_ID = 2**31 - 1
+RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID)]
+# Seconds since the epoch in an agent's report: up to 2100-01-01, so a clock gone wild is refused (422)
+# instead of overflowing a timestamp.
+EpochSeconds = Annotated[float, Field(ge=0, le=4_102_444_800)]
 # SQLite returns naive timestamps; they are UTC and leave the API marked so.
 Utc = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -40,7 +56,7 @@ class In(BaseModel):
 
 class TokenCreate(In):
     name: Name
-    role: Role
+    role: Annotated[Role, WithJsonSchema({"type": "string", "enum": [r.value for r in USER_ROLES]})]
 
     @field_validator("role")
     @classmethod
@@ -66,15 +82,16 @@ class TokenCreated(TokenOut):
 
 class JoinTokenCreate(In):
     name: Name
-    uses: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(default=1, description="null: unlimited")
-    expires_in_s: Annotated[int, Field(ge=60, le=365 * 86400)] | None = Field(
-        default=86400, description="null: never"
+    uses: Annotated[int, Field(ge=1, le=100_000)] = Field(default=1, description="how many joins it allows")
+    expires_in_s: Annotated[int, Field(ge=60, le=30 * 86400)] = Field(
+        default=86400, description="seconds until it expires (every join token does)"
     )
 
 
 class JoinTokenOut(BaseModel):
     id: int
     name: str
+    uses: int | None = Field(description="joins it was made for (null: made by an older version)")
     uses_left: int | None
     expires_at: Utc | None
     revoked: bool
@@ -94,12 +111,23 @@ class JoinTokenCreated(JoinTokenOut):
 class JoinRequest(In):
     hostname: Hostname
     snapshot: SnapshotIn
+    node_token: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        default=None,
+        description="re-joining a node that exists: its current node token, as proof (or an admin first "
+        "allows the replacement: POST /nodes/{name}/replace)",
+    )
 
 
 class JoinResponse(BaseModel):
     node: str
     token: str = Field(description="the node token; the agent stores it and uses it from now on")
     sync: dict[str, Any]
+
+
+class ReplaceOut(BaseModel):
+    node: str
+    replace_until: Utc = Field(description="the next join under this name until then takes the node over")
+    replace_by: str
 
 
 class ReportResponse(BaseModel):
@@ -189,6 +217,8 @@ class ProfileOut(ProfileIn):
 def _hex_id(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
+    elif isinstance(value, float) and value.is_integer():  # JSON has one number type: 4318.0 is 4318
+        number = int(value)
     elif isinstance(value, str):
         text = value.lower().removeprefix("0x")
         if not re.fullmatch(r"[0-9a-f]{1,4}", text):
@@ -201,7 +231,18 @@ def _hex_id(value: object) -> int:
     return number
 
 
-HexId = Annotated[int, BeforeValidator(_hex_id)]
+HexId = Annotated[
+    int,
+    BeforeValidator(_hex_id),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": 0xFFFF},
+                {"type": "string", "pattern": "^(0[xX])?[0-9a-fA-F]{1,4}$"},
+            ]
+        }
+    ),
+]
 
 
 class AliasIn(In):
@@ -220,7 +261,9 @@ class AliasOut(BaseModel):
 # --- whitelist, events, audit
 # --------------------------------------------------------------------------------------
 
-ModeList = Annotated[list[Mode], Field(max_length=3)]
+# A mode one can switch to: the enum's other members (none, mixed) only describe hosts.
+SwitchMode = Annotated[Mode, WithJsonSchema({"type": "string", "enum": [m.value for m in SWITCHABLE]})]
+ModeList = Annotated[list[SwitchMode], Field(max_length=3)]
 
 
 def _switchable(modes: list[Mode]) -> list[Mode]:
@@ -240,6 +283,9 @@ def _model_key(value: str) -> str:
     return text
 
 
+ModelKey = Annotated[str, WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$"})]
+
+
 class Whitelist(In):
     """Enabled modes per level; a GPU may use a mode only if every level that names it allows the mode.
 
@@ -248,8 +294,9 @@ class Whitelist(In):
     """
 
     platform: Modes = list(SWITCHABLE)
-    groups: dict[Name, Modes] = {}
-    models: dict[str, Modes] = {}
+    # Keys are checked: the document says so (only keys of that form, nothing else).
+    groups: dict[Name, Modes] = Field(default={}, json_schema_extra={"additionalProperties": False})
+    models: dict[ModelKey, Modes] = Field(default={}, json_schema_extra={"additionalProperties": False})
 
     @field_validator("models")
     @classmethod
@@ -290,7 +337,7 @@ NodeDetail.model_rebuild()
 class SwitchIn(In):
     """A switch request: a target mode for the node (or ``gpus``), its options, and the VM policy."""
 
-    mode: Annotated[Mode, Field(strict=False)]
+    mode: Annotated[SwitchMode, Field(strict=False)]
     gpus: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=512)] = []
     vgpu_type: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     vgpu_count: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -368,7 +415,7 @@ class WorkOut(BaseModel):
 class StepEventIn(In):
     step: Annotated[str, Field(min_length=1, max_length=200)]
     state: Literal["pending", "running", "done", "failed", "skipped", "undone"]
-    at: Annotated[float, Field(ge=0)] | None = Field(default=None, description="seconds since the epoch")
+    at: EpochSeconds | None = Field(default=None, description="seconds since the epoch (before 2100)")
     error: Annotated[str, Field(max_length=8192)] | None = None
     note: Annotated[str, Field(max_length=2048)] | None = None
 
@@ -390,7 +437,7 @@ class JobEventsAck(BaseModel):
     retry_after_s: float | None = Field(
         default=None,
         description="The host steps are over and the job waits for the cloud platform: post again (even "
-        "`{\"steps\": []}`) after this many seconds; each post is one more try. Absent otherwise.",
+        '`{"steps": []}`) after this many seconds; each post is one more try. Absent otherwise.',
     )
 
 

@@ -14,16 +14,19 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from gpumode.domain import SNAPSHOT_SCHEMA, DriverState, Flavour, HostSnapshot, Mode, normalize_address
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+HOSTNAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$"
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)" + HOSTNAME_PATTERN.removeprefix("^"))
 _FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -35,17 +38,36 @@ def _canonical_address(value: str) -> str:
     return value
 
 
+def _whole(value: object) -> object:
+    """JSON has one number type: ``5.0`` is the integer 5, as JSON Schema's ``integer`` (and so the OpenAPI
+    document) says; ``5.5`` stays a float and is refused. Everything else stays strict."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def valid_hostname(value: str) -> str:
     if not _HOSTNAME.match(value):
         raise ValueError(f"not a valid hostname: {value!r} (letters, digits, '.', '-', '_'; at most 253)")
     return value
 
 
-Address = Annotated[str, Field(max_length=32), AfterValidator(_canonical_address)]
-Hostname = Annotated[str, AfterValidator(valid_hostname)]
+# The kernel's form: a 4-digit domain (more digits only for domains past 0xffff), lowercase hex.
+ADDRESS_PATTERN = r"^(?:[0-9a-f]{4}|[1-9a-f][0-9a-f]{4,7}):[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$"
+Address = Annotated[
+    str,
+    Field(max_length=32),
+    AfterValidator(_canonical_address),
+    WithJsonSchema({"type": "string", "maxLength": 32, "pattern": ADDRESS_PATTERN}),
+]
+# The OpenAPI document shows the rule the validator applies, so generated clients (and fuzzers) send names
+# the server takes.
+Hostname = Annotated[
+    str,
+    AfterValidator(valid_hostname),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 253, "pattern": HOSTNAME_PATTERN}),
+]
 Text = Annotated[str, Field(max_length=512)]
-U16 = Annotated[int, Field(ge=0, le=0xFFFF)]
-Count = Annotated[int, Field(ge=0, le=1 << 20)]
+U16 = Annotated[int, Field(ge=0, le=0xFFFF), BeforeValidator(_whole)]
+Count = Annotated[int, Field(ge=0, le=1 << 20), BeforeValidator(_whole)]
 
 
 class _Strict(BaseModel):
@@ -67,8 +89,11 @@ class MdevIn(_Strict):
 
 
 class VendorVgpuIn(_Strict):
-    creatable: Annotated[dict[int, Text], Field(max_length=1024)]
-    current: Annotated[int, Field(ge=0, le=1 << 31)]
+    creatable: Annotated[
+        dict[int, Text],
+        Field(max_length=1024, json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,10}$"}}),
+    ]
+    current: Annotated[int, Field(ge=0, le=1 << 31), BeforeValidator(_whole)]
 
     # JSON object keys are strings; accept "1147" but nothing that is not a number.
     @field_validator("creatable", mode="before")
@@ -96,10 +121,10 @@ class PciFunctionIn(_Strict):
     device: U16
     subsystem_vendor: U16
     subsystem_device: U16
-    class_code: Annotated[int, Field(ge=0, le=0xFFFFFF)]
-    revision: Annotated[int, Field(ge=0, le=0xFF)]
-    numa_node: Annotated[int, Field(ge=-1, le=4096)] | None = None
-    iommu_group: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    class_code: Annotated[int, Field(ge=0, le=0xFFFFFF), BeforeValidator(_whole)]
+    revision: Annotated[int, Field(ge=0, le=0xFF), BeforeValidator(_whole)]
+    numa_node: Annotated[int, Field(ge=-1, le=4096), BeforeValidator(_whole)] | None = None
+    iommu_group: Annotated[int, Field(ge=0, le=1 << 20), BeforeValidator(_whole)] | None = None
     driver: Text | None = None
     driver_override: Text | None = None
     vendor_name: Text | None = None
@@ -117,8 +142,8 @@ class GpuIn(_Strict):
     address: Address
     device: U16
     name: Text
-    numa_node: Annotated[int, Field(ge=-1, le=4096)] | None
-    iommu_group: Annotated[int, Field(ge=0, le=1 << 20)] | None
+    numa_node: Annotated[int, Field(ge=-1, le=4096), BeforeValidator(_whole)] | None
+    iommu_group: Annotated[int, Field(ge=0, le=1 << 20), BeforeValidator(_whole)] | None
     driver: Text | None
     mode: Annotated[Mode, Field(strict=False)]
     companions: Annotated[list[Address], Field(max_length=256)] = []
@@ -129,8 +154,8 @@ class GpuIn(_Strict):
 
 class LoadedModuleIn(_Strict):
     name: Text
-    size: Annotated[int, Field(ge=0)]
-    refcount: Annotated[int, Field(ge=-1)]
+    size: Annotated[int, Field(ge=0, le=1 << 40), BeforeValidator(_whole)]
+    refcount: Annotated[int, Field(ge=-1, le=1 << 24), BeforeValidator(_whole)]
     users: Annotated[list[Text], Field(max_length=1024)]
     state: Text
 
@@ -178,8 +203,14 @@ class SnapshotIn(_Strict):
     nvidia: NvidiaDriverIn
     driver_state: Annotated[DriverState, Field(strict=False)]
     problems: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=1024)] = []
-    schema_: Annotated[str, Field(alias="schema", max_length=64)] = SNAPSHOT_SCHEMA
-    fingerprint: Annotated[str, Field(max_length=80)] = ""
+    schema_: Annotated[
+        str,
+        Field(alias="schema", max_length=64),
+        WithJsonSchema({"type": "string", "const": SNAPSHOT_SCHEMA}),
+    ] = SNAPSHOT_SCHEMA
+    fingerprint: Annotated[
+        str, Field(max_length=80), WithJsonSchema({"type": "string", "pattern": "^(sha256:[0-9a-f]{64})?$"})
+    ] = ""
     vms: Annotated[list[VmIn], Field(max_length=4096)] | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)

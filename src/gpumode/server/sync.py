@@ -110,8 +110,9 @@ def apply_snapshot(
             )
         )
     result.events.extend(_hardware_events(snapshot.hostname, old, snapshot, now))
-    _reconcile_cards(platform, snapshot, result, now)
-    if not created and not _switching(session, snapshot.hostname):
+    job = None if created else _switching(session, snapshot.hostname)
+    _reconcile_cards(platform, snapshot, result, now, gone=f"removed by switch job {job}" if job else None)
+    if not created and job is None:
         result.events.extend(_cloud_drift(platform, snapshot, now))
     node.snapshot = snapshot.to_dict()
     node.fingerprint = snapshot.fingerprint
@@ -216,8 +217,9 @@ def _hardware_events(node: str, old: HostSnapshot | None, new: HostSnapshot, now
 
 
 def _reconcile_cards(
-    platform: CloudPlatform, snapshot: HostSnapshot, result: SyncResult, now: datetime
+    platform: CloudPlatform, snapshot: HostSnapshot, result: SyncResult, now: datetime, *, gone: str | None
 ) -> None:
+    """``gone``: why devices went, when a switch job took them (else they are "gone" unplanned)."""
     node = snapshot.hostname
     desired = {spec.key: spec for spec in cards_for_snapshot(snapshot)}
     existing = platform.list_cards(node=node)
@@ -245,7 +247,7 @@ def _reconcile_cards(
                     )
                 )
             continue
-        reason = "device gone" if spec is None else "device changed"
+        reason = (gone or "device gone") if spec is None else "device changed"
         if card.status in HELD_STATUSES:
             platform.update_card(card.id, status=CardStatus.LOST)
             result.cards_lost += 1
@@ -298,11 +300,13 @@ def _reconcile_cards(
 # ----------------------------------------------------------------------------------
 
 
-def _switching(session: Session, node: str) -> bool:
-    """A switch job is under way: its own cloud steps set the cloud up once the host is done; a sync in
-    between would see a host in flux and mark the cloud before the new inventory is there."""
+def _switching(session: Session, node: str) -> int | None:
+    """The switch job under way, if any: its own cloud steps set the cloud up once the host is done; a sync
+    in between would see a host in flux and mark the cloud before the new inventory is there. The devices
+    it takes away are its doing, and their cards say so."""
     query = select(Job.id).where(Job.node == node, Job.state.in_(ACTIVE_JOB_STATES)).limit(1)
-    return session.scalar(query) is not None
+    job: int | None = session.scalar(query)
+    return job
 
 
 def _cloud_drift(platform: CloudPlatform, snapshot: HostSnapshot, now: datetime) -> list[Event]:

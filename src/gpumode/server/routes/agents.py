@@ -7,9 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 
-from gpumode.server import sync
+from gpumode.server import card_holders, joining, sync
 from gpumode.server.audit import commit_audited, set_principal
 from gpumode.server.auth import (
     JoinRefused,
@@ -20,9 +19,11 @@ from gpumode.server.auth import (
     hash_secret,
     redeem_join_token,
 )
-from gpumode.server.deps import PlatformDep, SessionDep, StateDep
+from gpumode.server.deps import Admin, PlatformDep, SessionDep, StateDep
 from gpumode.server.models import ApiToken, JoinToken, Node
-from gpumode.server.schemas import JoinRequest, JoinResponse
+from gpumode.server.responses import errors
+from gpumode.server.schemas import JoinRequest, JoinResponse, ReplaceOut
+from gpumode.server.snapshot import Hostname
 
 router = APIRouter(tags=["agents"])
 
@@ -47,6 +48,7 @@ def join_secret(request: Request, session: SessionDep) -> str:
 
 @router.post(
     "/agents/join",
+    responses=errors(409),
     response_model=JoinResponse,
     status_code=status.HTTP_201_CREATED,
     summary="Exchange a join token and a first snapshot for a node token",
@@ -73,9 +75,15 @@ def join(
             status.HTTP_401_UNAUTHORIZED, str(exc), headers={"WWW-Authenticate": "Bearer"}
         ) from exc
     node = session.scalars(select(Node).where(Node.name == body.hostname).with_for_update()).first()
-    rejoin = node is not None
+    rejoin, proof = node is not None, ""
     if node is not None:
-        # An agent re-installed or that lost its token: its old tokens stop working now.
+        try:
+            proof = joining.rejoin_proof(session, node, body.node_token, now)
+        except joining.RejoinRefused as exc:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, {"code": "node_exists", "message": str(exc)}
+            ) from exc
+        # The agent re-joined (or its replacement did): the node's old tokens stop working now.
         session.execute(update(ApiToken).where(ApiToken.node_id == node.id).values(revoked=True))
         session.add(
             sync.make_event(
@@ -83,7 +91,7 @@ def join(
                 "node.rejoined",
                 sync.Severity.WARNING,
                 None,
-                f"node {node.name} joined again with join token {join_token.name!r}; "
+                f"node {node.name} joined again with join token {join_token.name!r} ({proof}); "
                 "its previous node tokens are revoked",
                 now,
             )
@@ -95,20 +103,39 @@ def join(
         summary = sync.SyncResult(node=node.name, changed=False).summary()
     if body.snapshot.vms is not None:
         node.vms = body.snapshot.vms_json()
+    session.add_all(card_holders.follow_vms(platform, node.name, node.vms, now))
 
     _, node_secret = create_node_token(session, node, created_by=f"join:{join_token.name}")
-    try:
-        commit_audited(
-            request,
-            session,
-            target=f"node:{node.name}",
-            status_code=201,
-            detail=("rejoined" if rejoin else "joined") + f" with join token {join_token.name!r}",
-        )
-    except IntegrityError as exc:  # two agents joined the same new hostname at once
-        session.rollback()
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"node {body.hostname} joined concurrently; retry"
-        ) from exc
+    # Two agents joining one new hostname at once (on two servers, say): the database refuses the second
+    # insert, here or in the sync above, and gpumode.server.conflicts answers 409 with a retry hint.
+    commit_audited(
+        request,
+        session,
+        target=f"node:{node.name}",
+        status_code=201,
+        detail=(f"rejoined ({proof})" if rejoin else "joined") + f" with join token {join_token.name!r}",
+    )
     state.seen(node.name, now)
     return JoinResponse(node=node.name, token=node_secret, sync=summary)
+
+
+@router.post(
+    "/nodes/{name}/replace",
+    responses=errors(404, 409),
+    response_model=ReplaceOut,
+    summary="Allow a new host to take a node over",
+)
+def allow_replacement(name: Hostname, who: Admin, request: Request, session: SessionDep) -> ReplaceOut:
+    """The next join under ``name`` (within 24 h, with any valid join token) takes the node over without
+    its current node token: for a host reinstalled or replaced that lost it. The node's tokens keep
+    working until that join."""
+    try:
+        node = joining.allow_replacement(session, name, by=who.name, now=datetime.now(UTC))
+    except joining.UnknownNode as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    assert node.replace_until is not None
+    answer = ReplaceOut(node=node.name, replace_until=node.replace_until, replace_by=who.name)
+    commit_audited(
+        request, session, target=f"node:{node.name}", detail=f"replacement allowed until {node.replace_until}"
+    )
+    return answer

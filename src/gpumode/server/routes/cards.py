@@ -12,7 +12,17 @@ from gpumode.cloud.base import Card, CardError, CardStatus, PassthroughAlias, Vg
 from gpumode.domain import Mode
 from gpumode.server import audit, sync
 from gpumode.server.deps import Operator, PlatformDep, SessionDep, Viewer
-from gpumode.server.schemas import NAME_PATTERN, AliasIn, AliasOut, CardOut, CardPatch, ProfileIn, ProfileOut
+from gpumode.server.responses import errors
+from gpumode.server.schemas import (
+    NAME_PATTERN,
+    AliasIn,
+    AliasOut,
+    CardOut,
+    CardPatch,
+    ProfileIn,
+    ProfileOut,
+    RowId,
+)
 
 router = APIRouter(tags=["cards"])
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN)]
@@ -31,11 +41,12 @@ def list_cards(
 
 @router.patch(
     "/cards/{card_id}",
+    responses=errors(404, 409),
     response_model=CardOut,
     summary="Set a card's status and holder (a lost card set free is released: removed)",
 )
 def patch_card(
-    card_id: int, body: CardPatch, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    card_id: RowId, body: CardPatch, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> Card:
     card = platform.get_card(card_id)
     if card is None:
@@ -83,7 +94,7 @@ def list_profiles(_: Viewer, platform: PlatformDep) -> list[VgpuProfile]:
     return platform.list_profiles()
 
 
-@router.put("/profiles/{name}", response_model=ProfileOut)
+@router.put("/profiles/{name}", responses=errors(409), response_model=ProfileOut)
 def put_profile(
     name: NamePath, body: ProfileIn, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> VgpuProfile:
@@ -94,7 +105,7 @@ def put_profile(
     return profile
 
 
-@router.delete("/profiles/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/profiles/{name}", responses=errors(404, 409), status_code=status.HTTP_204_NO_CONTENT)
 def delete_profile(
     name: str, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> None:
@@ -119,7 +130,7 @@ def list_aliases(_: Viewer, platform: PlatformDep) -> list[AliasOut]:
     return [_alias_out(a) for a in platform.list_aliases()]
 
 
-@router.put("/aliases/{name}", response_model=AliasOut)
+@router.put("/aliases/{name}", responses=errors(409), response_model=AliasOut)
 def put_alias(
     name: NamePath, body: AliasIn, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> AliasOut:
@@ -130,7 +141,7 @@ def put_alias(
     return _alias_out(alias)
 
 
-@router.delete("/aliases/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/aliases/{name}", responses=errors(404, 409), status_code=status.HTTP_204_NO_CONTENT)
 def delete_alias(
     name: str, _: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> None:

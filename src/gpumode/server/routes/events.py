@@ -10,7 +10,7 @@ from sqlalchemy import select
 from gpumode.server import audit
 from gpumode.server.deps import Admin, SessionDep, Viewer
 from gpumode.server.models import AuditEntry, Event
-from gpumode.server.schemas import AuditOut, EventOut
+from gpumode.server.schemas import AuditOut, EventOut, RowId
 
 router = APIRouter(tags=["events"])
 Limit = Annotated[int, Query(ge=1, le=1000)]
@@ -28,7 +28,7 @@ def list_events(
     node: str | None = None,
     kind: str | None = None,
     severity: str | None = None,
-    before_id: int | None = None,
+    before_id: RowId | None = None,
     limit: Limit = 100,
 ) -> list[Event]:
     query = select(Event).order_by(Event.id.desc()).limit(limit)
@@ -47,6 +47,10 @@ def list_events(
 
 @router.get("/audit", response_model=list[AuditOut], summary="Newest first; page with before_id")
 def list_audit(
-    _: Admin, session: SessionDep, actor: str | None = None, before_id: int | None = None, limit: Limit = 100
+    _: Admin,
+    session: SessionDep,
+    actor: str | None = None,
+    before_id: RowId | None = None,
+    limit: Limit = 100,
 ) -> list[AuditEntry]:
     return audit.list_entries(session, limit=limit, before_id=before_id, actor=actor)

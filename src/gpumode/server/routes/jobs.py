@@ -27,12 +27,14 @@ from gpumode.server.deps import (
     server_state,
 )
 from gpumode.server.models import Job, Rollout
+from gpumode.server.responses import errors
 from gpumode.server.schemas import (
     DryRunOut,
     JobOut,
     RolloutDryRunOut,
     RolloutIn,
     RolloutOut,
+    RowId,
     SwitchIn,
 )
 from gpumode.server.switch import rollouts, service
@@ -88,6 +90,7 @@ def _caller(request: Request, session: Session, platform: CloudPlatform, princip
 
 @router.post(
     "/nodes/{name}/switch",
+    responses=errors(404, 409),
     response_model=JobOut | DryRunOut,
     status_code=status.HTTP_201_CREATED,
     summary="Switch a node (or some of its GPUs) to a mode: a job, or with dry_run=true only its plan",
@@ -120,8 +123,8 @@ def list_jobs(
     session: SessionDep,
     node: str | None = None,
     state: str | None = None,
-    rollout: int | None = None,
-    before_id: int | None = None,
+    rollout: RowId | None = None,
+    before_id: RowId | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
     query = select(Job).order_by(Job.id.desc()).limit(limit)
@@ -136,8 +139,8 @@ def list_jobs(
     return [job_out(j) for j in session.scalars(query)]
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
+@router.get("/jobs/{job_id}", responses=errors(404), response_model=JobOut)
+def get_job(job_id: RowId, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
     with refusals():
         job = stored_job(session, job_id)
     node_access(principal, job.node, users_need=Role.VIEWER)
@@ -145,10 +148,13 @@ def get_job(job_id: int, principal: PrincipalDep, session: SessionDep) -> dict[s
 
 
 @router.post(
-    "/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (a running one is rolled back)"
+    "/jobs/{job_id}/cancel",
+    responses=errors(404, 409),
+    response_model=JobOut,
+    summary="Cancel a job (a running one is rolled back)",
 )
 def cancel_job(
-    job_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    job_id: RowId, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
         return job_out(service.cancel_job(_caller(request, session, platform, principal), job_id))
@@ -159,6 +165,7 @@ def cancel_job(
 
 @router.post(
     "/groups/{group}/switch",
+    responses=errors(404, 409),
     response_model=RolloutOut | RolloutDryRunOut,
     status_code=status.HTTP_201_CREATED,
     summary="Switch every node of a host group: one job per node, N at once, within a failure budget",
@@ -188,19 +195,20 @@ def list_rollouts(
     return [rollouts.out(session, r) for r in found]
 
 
-@router.get("/rollouts/{rollout_id}", response_model=RolloutOut)
-def get_rollout(rollout_id: int, _: Viewer, session: SessionDep) -> dict[str, Any]:
+@router.get("/rollouts/{rollout_id}", responses=errors(404), response_model=RolloutOut)
+def get_rollout(rollout_id: RowId, _: Viewer, session: SessionDep) -> dict[str, Any]:
     with refusals():
         return rollouts.out(session, rollouts.get(session, rollout_id))
 
 
 @router.post(
     "/rollouts/{rollout_id}/cancel",
+    responses=errors(404, 409),
     response_model=RolloutOut,
     summary="Start no more jobs and cancel the queued ones; running jobs finish",
 )
 def cancel_rollout(
-    rollout_id: int, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
+    rollout_id: RowId, principal: Operator, request: Request, session: SessionDep, platform: PlatformDep
 ) -> dict[str, Any]:
     with refusals():
         rollout = service.cancel_rollout(_caller(request, session, platform, principal), rollout_id)

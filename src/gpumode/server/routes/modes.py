@@ -6,6 +6,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 
 from gpumode.server import audit, whitelist
 from gpumode.server.deps import Admin, SessionDep, Viewer
+from gpumode.server.responses import errors
 from gpumode.server.schemas import Whitelist
 
 router = APIRouter(tags=["modes"])
@@ -17,7 +18,10 @@ def get_modes(_: Viewer, session: SessionDep) -> Whitelist:
 
 
 @router.put(
-    "/modes", response_model=Whitelist, summary="Replace the whitelist (platform, per group, per model)"
+    "/modes",
+    responses=errors(409),
+    response_model=Whitelist,
+    summary="Replace the whitelist (platform, per group, per model)",
 )
 def put_modes(body: Whitelist, _: Admin, request: Request, session: SessionDep) -> Whitelist:
     try:

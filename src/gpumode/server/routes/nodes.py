@@ -13,6 +13,7 @@ from gpumode.server import audit
 from gpumode.server.auth import Principal, Role
 from gpumode.server.deps import Operator, PlatformDep, PrincipalDep, SessionDep, StateDep, Viewer, node_access
 from gpumode.server.models import HostGroup, ModeRule, Node
+from gpumode.server.responses import errors
 from gpumode.server.schemas import NAME_PATTERN, GroupOut, GroupPut, NodeDetail, NodeOut
 from gpumode.server.state import ServerState
 from gpumode.server.whitelist import GROUP
@@ -56,7 +57,7 @@ def _own_node_or(role: Role) -> Any:
     return check
 
 
-@router.get("/nodes/{name}", response_model=NodeDetail)
+@router.get("/nodes/{name}", responses=errors(404), response_model=NodeDetail)
 def get_node(
     name: str,
     _: Annotated[Principal, Depends(_own_node_or(Role.VIEWER))],
@@ -116,7 +117,12 @@ def list_groups(_: Viewer, session: SessionDep) -> list[GroupOut]:
     return [GroupOut(name=g, nodes=sorted(n)) for g, n in members.items()]
 
 
-@router.put("/groups/{name}", response_model=GroupOut, summary="Create a host group or set its members")
+@router.put(
+    "/groups/{name}",
+    responses=errors(409),
+    response_model=GroupOut,
+    summary="Create a host group or set its members",
+)
 def put_group(
     name: Annotated[str, Path(pattern=NAME_PATTERN)],
     body: GroupPut,
@@ -143,7 +149,7 @@ def put_group(
     return GroupOut(name=name, nodes=wanted)
 
 
-@router.delete("/groups/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/groups/{name}", responses=errors(404, 409), status_code=status.HTTP_204_NO_CONTENT)
 def delete_group(name: str, _: Operator, request: Request, session: SessionDep) -> None:
     group = session.scalars(select(HostGroup).where(HostGroup.name == name)).first()
     if group is None:

@@ -29,10 +29,11 @@ from sqlalchemy.orm import aliased
 from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot
-from gpumode.server import audit, sync
+from gpumode.server import audit, card_holders, sync
 from gpumode.server.auth import Role, bearer_secret, hash_secret, principal_of, token_lookup
 from gpumode.server.deps import node_access
 from gpumode.server.models import Node, vms_digest
+from gpumode.server.responses import errors
 from gpumode.server.schemas import ReportResponse
 from gpumode.server.snapshot import SnapshotIn
 from gpumode.server.state import ServerState
@@ -58,6 +59,7 @@ _LOOKUP = (
 
 @router.post(
     "/nodes/{name}/report",
+    responses=errors(404, 409),
     response_model=ReportResponse,
     openapi_extra=_BODY,
     summary="Report the node's snapshot (node token of that node, or admin); unchanged → nothing is written",
@@ -127,16 +129,25 @@ def _report(
     with state.sessions() as session:
         # Lock the row so two reports of one node (an agent restarting mid-report) apply one after the other.
         node = session.scalars(select(Node).where(Node.name == name).with_for_update()).one()
+        platform = state.platform_factory(session)
         if vms is not None and node.vms_digest != reported_vms:
             node.vms = vms  # its digest with it (Node._digest_vms)
         if node.fingerprint == fingerprint:
-            session.commit()  # the VMs changed, the hardware did not: planning input, not a sync
-            audit.skip(request)
+            # the VMs changed, the hardware did not: planning input, and the cards follow the VMs
+            held = card_holders.follow_vms(platform, name, node.vms, now)
+            session.add_all(held)
+            if held:
+                audit.commit_audited(
+                    request, session, target=f"node:{name}", detail=f"{len(held)} card(s) follow VMs"
+                )
+            else:
+                session.commit()
+                audit.skip(request)
             state.metrics.observe_report("unchanged", time.perf_counter() - started)
             return _answer(ReportResponse(node=name, changed=False, fingerprint=fingerprint))
-        result = sync.apply_snapshot(session, state.platform_factory(session), snapshot, now=now, node=node)[
-            1
-        ]
+        result = sync.apply_snapshot(session, platform, snapshot, now=now, node=node)[1]
+        held = card_holders.follow_vms(platform, name, node.vms, now)  # new cards may be a VM's already
+        session.add_all(held)
         audit.commit_audited(
             request,
             session,

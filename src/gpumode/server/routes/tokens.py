@@ -8,13 +8,16 @@ from fastapi import APIRouter, HTTPException, Request, status
 from sqlalchemy import select
 
 from gpumode.server.audit import commit_audited
-from gpumode.server.auth import TokenKind, create_user_token, new_secret
+from gpumode.server.auth import create_join_token as issue_join_token
+from gpumode.server.auth import create_user_token
 from gpumode.server.deps import Admin, SessionDep, StateDep
 from gpumode.server.models import ApiToken, JoinToken, Node
+from gpumode.server.responses import errors
 from gpumode.server.schemas import (
     JoinTokenCreate,
     JoinTokenCreated,
     JoinTokenOut,
+    RowId,
     TokenCreate,
     TokenCreated,
     TokenOut,
@@ -39,6 +42,7 @@ def _join_out(token: JoinToken) -> dict[str, object]:
     return {
         "id": token.id,
         "name": token.name,
+        "uses": token.uses,
         "uses_left": token.uses_left,
         "expires_at": token.expires_at,
         "revoked": token.revoked,
@@ -55,7 +59,9 @@ def list_tokens(_: Admin, session: SessionDep) -> list[dict[str, object]]:
     return [_token_out(token, node) for token, node in rows]
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/tokens", responses=errors(409), response_model=TokenCreated, status_code=status.HTTP_201_CREATED
+)
 def create_token(body: TokenCreate, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token, secret = create_user_token(session, body.name, body.role, created_by=who.name)
     commit_audited(
@@ -68,8 +74,8 @@ def create_token(body: TokenCreate, who: Admin, request: Request, session: Sessi
     return {**_token_out(token, None), "token": secret}
 
 
-@router.delete("/tokens/{token_id}", response_model=TokenOut)
-def revoke_token(token_id: int, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
+@router.delete("/tokens/{token_id}", responses=errors(404, 409), response_model=TokenOut)
+def revoke_token(token_id: RowId, who: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(ApiToken, token_id)
     if token is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token with id {token_id}")
@@ -86,29 +92,29 @@ def list_join_tokens(_: Admin, session: SessionDep) -> list[dict[str, object]]:
     return [_join_out(t) for t in session.scalars(select(JoinToken).order_by(JoinToken.id))]
 
 
-@router.post("/join-tokens", response_model=JoinTokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/join-tokens",
+    responses=errors(409),
+    response_model=JoinTokenCreated,
+    status_code=status.HTTP_201_CREATED,
+)
 def create_join_token(
     body: JoinTokenCreate, who: Admin, request: Request, session: SessionDep, state: StateDep
 ) -> dict[str, object]:
-    secret, digest = new_secret(TokenKind.JOIN)
-    now = datetime.now(UTC)
-    token = JoinToken(
-        name=body.name,
-        token_hash=digest,
-        uses_left=body.uses,
-        revoked=False,
-        created_at=now,
+    token, secret = issue_join_token(
+        session,
+        body.name,
+        uses=body.uses,
+        ttl=timedelta(seconds=body.expires_in_s),
         created_by=who.name,
-        expires_at=now + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None,
+        now=datetime.now(UTC),
     )
-    session.add(token)
-    session.flush()
     commit_audited(
         request,
         session,
         target=f"join-token:{token.id}",
         status_code=201,
-        detail=f"join token {body.name!r}, uses {body.uses or 'unlimited'}",
+        detail=f"join token {body.name!r}, {body.uses} use(s), expires in {body.expires_in_s} s",
     )
     return {
         **_join_out(token),
@@ -117,8 +123,8 @@ def create_join_token(
     }
 
 
-@router.delete("/join-tokens/{token_id}", response_model=JoinTokenOut)
-def revoke_join_token(token_id: int, _: Admin, request: Request, session: SessionDep) -> dict[str, object]:
+@router.delete("/join-tokens/{token_id}", responses=errors(404, 409), response_model=JoinTokenOut)
+def revoke_join_token(token_id: RowId, _: Admin, request: Request, session: SessionDep) -> dict[str, object]:
     token = session.get(JoinToken, token_id)
     if token is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no join token with id {token_id}")

@@ -22,7 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from gpumode.server import audit
 from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
 from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
-from gpumode.server.schemas import JobEventsAck, JobEventsIn, WorkJob, WorkOut
+from gpumode.server.responses import errors
+from gpumode.server.schemas import JobEventsAck, JobEventsIn, RowId, WorkJob, WorkOut
 from gpumode.server.state import ServerState
 from gpumode.server.switch.ending import ended
 from gpumode.server.switch.errors import JobError, NotFound
@@ -71,7 +72,7 @@ def _claim(state: ServerState, node: str) -> WorkOut | None:
 @router.get(
     "/nodes/{name}/work",
     response_model=WorkOut,
-    responses={204: {"description": "no work arrived within `wait` seconds"}},
+    responses={**errors(404), 204: {"description": "no work arrived within `wait` seconds"}},
     summary="Long poll for the node's next job (its agent's node token only)",
 )
 async def work(
@@ -96,12 +97,13 @@ async def work(
 
 @router.post(
     "/jobs/{job_id}/events",
+    responses=errors(404, 409),
     response_model=JobEventsAck,
     response_model_exclude_none=True,
     summary="The agent reports its steps, and at the end the host's result (its node token only)",
 )
 def events(
-    job_id: int,
+    job_id: RowId,
     body: JobEventsIn,
     principal: PrincipalDep,
     request: Request,

@@ -222,7 +222,15 @@ def _offer_cards(platform: CloudPlatform, snapshot: HostSnapshot, cards: list[di
         count = want.get("vgpu_count")
         if mode is Mode.VGPU and count is not None and counts.get(gpu, 0) != count:
             raise CloudStepError(f"GPU {gpu} offers {counts.get(gpu, 0)} vGPU card(s), the plan made {count}")
-    return f"{len(cards)} GPU(s) offer {', '.join(sorted({c['mode'] for c in cards}))} cards" + (
+    switched = {c["gpu"] for c in cards}
+    # counted as they are now on the platform: what the host really made, not what the plan asked for
+    kinds = [
+        c.kind.value
+        for c in platform.list_cards(node=node)
+        if c.gpu in switched and c.status is not CardStatus.LOST
+    ]
+    per_kind = ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
+    return f"{len(switched)} GPU(s) offer {per_kind or 'no'} card(s)" + (
         f"; {len(missing)} card(s) registered" if missing else ""
     )
 

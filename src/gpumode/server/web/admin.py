@@ -1,12 +1,13 @@
 """The whitelist, vGPU profiles and passthrough aliases: everyone may read them; admins edit the whitelist,
-operators the profiles and aliases (the same roles as the API)."""
+operators the profiles and aliases (the same roles as the API). Admins also allow a node's replacement."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpumode.cloud.base import CardError, PassthroughAlias, VgpuProfile
-from gpumode.server import audit, whitelist
+from gpumode.server import audit, joining, whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup
@@ -166,3 +167,23 @@ def _save_item(
             return _render(request, web, session, state, error=f"{kind} {name!r}: {exc}", status_code=422)
         audit.commit_audited(request, session, target=f"{kind}:{name}", detail=detail)
     return RedirectResponse(PAGE, status_code=status.HTTP_303_SEE_OTHER)
+
+
+@router.post(UI + "/nodes/{name}/replace", response_model=None)
+async def allow_replacement(request: Request, name: str, web: WebUser, state: StateDep) -> Response:
+    """The host page's "Allow replacement": ``POST /api/v1/nodes/{name}/replace`` for a signed-in admin."""
+    require_role(request, web, Role.ADMIN)
+    await read_form(request, web)
+    await run_in_threadpool(_allow_replacement, request, web, state, name)
+    return RedirectResponse(f"{UI}/nodes/{name}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+def _allow_replacement(request: Request, web: WebSession, state: ServerState, name: str) -> None:
+    with state.sessions() as session:
+        try:
+            node = joining.allow_replacement(session, name, by=web.principal.name, now=datetime.now(UTC))
+        except joining.UnknownNode as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+        audit.commit_audited(
+            request, session, target=f"node:{name}", detail=f"replacement allowed until {node.replace_until}"
+        )

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot
+from gpumode.server import audit
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import AuditEntry
+from gpumode.server.schemas import RowId
+from gpumode.server.state import ServerState
 from gpumode.server.web import queries
 from gpumode.server.web.access import WebUser, keys, read_form, require_role
 from gpumode.server.web.render import page
-from gpumode.server.web.session import COOKIE, LIFETIME_S, SignInRefused, cookie_secure, plain_http_allowed
+from gpumode.server.web.session import (
+    COOKIE,
+    LIFETIME_S,
+    SignInRefused,
+    WebSession,
+    cookie_secure,
+    end_session,
+    plain_http_allowed,
+)
 
 router = APIRouter(include_in_schema=False)
 UI = "/ui"
@@ -52,8 +65,7 @@ async def login(request: Request, state: StateDep) -> Response:
     fields = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
     token = (fields.get("token") or [""])[0]
     try:
-        with state.sessions() as session:
-            web = keys(request).sign_in(session, token)
+        web = await run_in_threadpool(_sign_in, request, state, token)
     except SignInRefused as exc:
         return page(request, None, "login.html", 401, error=str(exc), insecure=False)
     response = _see_other(f"{UI}/")
@@ -69,14 +81,31 @@ async def login(request: Request, state: StateDep) -> Response:
     return response
 
 
+def _sign_in(request: Request, state: ServerState, token: str) -> WebSession:
+    """A new session (its row and audit entry committed together)."""
+    with state.sessions() as session:
+        web = keys(request).sign_in(session, token, client=request.client.host if request.client else None)
+        audit.set_principal(request, web.principal)
+        audit.commit_audited(request, session, target=f"session:{web.session_id}", detail="signed in")
+    return web
+
+
 @router.post(f"{UI}/logout")
-async def logout(request: Request, web: WebUser) -> RedirectResponse:
+async def logout(request: Request, web: WebUser, state: StateDep) -> RedirectResponse:
+    """Sign out: the session ends on the server, so the cookie is worthless even if it was copied."""
     await read_form(request, web)
+    await run_in_threadpool(_sign_out, request, state, web)
     response = _see_other(f"{UI}/login")
     response.delete_cookie(
         COOKIE, path="/", secure=cookie_secure(request.url.scheme), httponly=True, samesite="strict"
     )
     return response
+
+
+def _sign_out(request: Request, state: ServerState, web: WebSession) -> None:
+    with state.sessions() as session:
+        end_session(session, web.session_id, by=web.principal.name, now=datetime.now(UTC))
+        audit.commit_audited(request, session, target=f"session:{web.session_id}", detail="signed out")
 
 
 @router.get(f"{UI}/", response_class=HTMLResponse)
@@ -113,7 +142,7 @@ def events(
     node: Text = None,
     kind: Text = None,
     severity: Annotated[str | None, Query(max_length=16)] = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: RowId | None = None,
 ) -> HTMLResponse:
     found = queries.search_events(
         session, q=q, node=node or None, kind=kind or None, severity=severity or None, before_id=before_id
@@ -130,7 +159,7 @@ def audit_log(
     session: SessionDep,
     q: Text = None,
     actor: Text = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: RowId | None = None,
 ) -> HTMLResponse:
     require_role(request, web, Role.ADMIN)
     found = queries.search_audit(session, q=q, actor=actor or None, before_id=before_id)

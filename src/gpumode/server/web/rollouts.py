@@ -26,7 +26,7 @@ from gpumode.server import whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup, Job, Node, Rollout
-from gpumode.server.schemas import RolloutIn
+from gpumode.server.schemas import RolloutIn, RowId
 from gpumode.server.state import ServerState
 from gpumode.server.switch import planning, rollouts, service
 from gpumode.server.switch.errors import JobError, NotFound, refusal_detail
@@ -346,7 +346,7 @@ def rollout_view(session: Session, rollout: Rollout) -> dict[str, Any]:
 
 
 @router.get(UI + "/rollouts/{rollout_id}", response_class=HTMLResponse)
-def rollout_page(request: Request, rollout_id: int, web: WebUser, session: SessionDep) -> HTMLResponse:
+def rollout_page(request: Request, rollout_id: RowId, web: WebUser, session: SessionDep) -> HTMLResponse:
     rollout = _rollout(session, rollout_id)
     return page(
         request, web, "rollout.html", nav="rollouts", rollout=rollout, view=rollout_view(session, rollout)
@@ -355,7 +355,7 @@ def rollout_page(request: Request, rollout_id: int, web: WebUser, session: Sessi
 
 @router.get(UI + "/rollouts/{rollout_id}/stream")
 def rollout_stream(
-    request: Request, rollout_id: int, web: WebUser, session: SessionDep, state: StateDep
+    request: Request, rollout_id: RowId, web: WebUser, session: SessionDep, state: StateDep
 ) -> StreamingResponse:
     """Server-sent events: the rollout view each time a member's job moves, until nothing is left running."""
     _rollout(session, rollout_id)  # 404 before the stream starts

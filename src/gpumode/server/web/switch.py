@@ -24,7 +24,7 @@ from gpumode.server import audit, whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
 from gpumode.server.models import HostGroup, Job, Node
-from gpumode.server.schemas import SwitchIn
+from gpumode.server.schemas import RowId, SwitchIn
 from gpumode.server.state import ServerState
 from gpumode.server.switch import planning, service
 from gpumode.server.switch.codec import plan_json
@@ -246,7 +246,7 @@ def cards_view(session: Session, state: ServerState, node: str) -> list[dict[str
 
 @router.get(UI + "/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(
-    request: Request, job_id: int, web: WebUser, session: SessionDep, state: StateDep
+    request: Request, job_id: RowId, web: WebUser, session: SessionDep, state: StateDep
 ) -> HTMLResponse:
     job = _job(session, job_id)
     return page(
@@ -262,7 +262,7 @@ def job_page(
 
 @router.get(UI + "/jobs/{job_id}/stream")
 def job_stream(
-    request: Request, job_id: int, web: WebUser, session: SessionDep, state: StateDep
+    request: Request, job_id: RowId, web: WebUser, session: SessionDep, state: StateDep
 ) -> StreamingResponse:
     """Server-sent events: the job view (and the node's cards) each time they change, until the job ends."""
     _job(session, job_id)  # 404 before the stream starts
@@ -288,7 +288,7 @@ def _without_durations(data: dict[str, Any]) -> str:
 
 
 @router.post(UI + "/jobs/{job_id}/cancel")
-async def cancel(request: Request, job_id: int, web: WebUser, state: StateDep) -> RedirectResponse:
+async def cancel(request: Request, job_id: RowId, web: WebUser, state: StateDep) -> RedirectResponse:
     """Cancel a queued job, or have a running one rolled back by its agent."""
     require_role(request, web, Role.OPERATOR)
     await read_form(request, web)

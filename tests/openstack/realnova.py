@@ -86,3 +86,24 @@ class RealNovaCompute:
         self.warnings = list(result["warnings"])
         if not result["ok"]:
             raise NovaComputeFailed(result["error"])
+
+
+PARSE = Path(__file__).resolve().parent / "novaside" / "parse.py"
+
+
+def nova_parse(python: str, requests: list[dict[str, list[str]]]) -> list[dict[str, Any]]:
+    """nova's own reading of each ``{config_files, config_dirs}`` (``novaside/parse.py``), in one process."""
+    with tempfile.TemporaryDirectory(prefix="nova-parse-") as tmp:
+        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
+        request_path.write_text(json.dumps(requests))
+        done = subprocess.run(
+            [python, str(PARSE), str(request_path), str(result_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp,
+        )
+        if not result_path.exists():
+            raise NovaComputeFailed(f"nova's parse exited {done.returncode}:\n{done.stderr[-4000:]}")
+        results: list[dict[str, Any]] = json.loads(result_path.read_text())
+        return results

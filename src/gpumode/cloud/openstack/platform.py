@@ -35,7 +35,7 @@ from gpumode.cloud.base import (
     VgpuProfile,
 )
 from gpumode.cloud.embedded import EmbeddedPlatform
-from gpumode.cloud.openstack.channel import NodeChannel
+from gpumode.cloud.openstack.channel import NOVA_CONF, NodeChannel
 from gpumode.cloud.openstack.compute import ComputeApi
 from gpumode.cloud.openstack.config import OpenStackConfig
 from gpumode.cloud.openstack.cyborg import ProfileSource
@@ -44,6 +44,7 @@ from gpumode.cloud.openstack.expect import Expectation, expectation, gpu_resourc
 from gpumode.cloud.openstack.http import OpenStackError, ServiceError
 from gpumode.cloud.openstack.marks import MarkResult, apply_marks
 from gpumode.cloud.openstack.novaconf import RenderError, render_dropin
+from gpumode.cloud.openstack.novamerge import NovaConfigError, merge, problems, reading_order
 from gpumode.cloud.openstack.placement import PlacementClient, Provider
 from gpumode.cloud.openstack.switch import Hold, Waiter, hold_host, release_host
 from gpumode.domain import HostSnapshot, Mode, Plan, VmPolicy
@@ -352,12 +353,37 @@ class OpenStackPlatform:
         channel = self.clients.channel
         if channel is None:
             raise OpenStackError("no channel to the hosts is configured: cannot deliver the nova drop-in")
-        channel.write_file(node, self.config.nova_dropin, self.render(snapshot, alias=alias))
+        dropin = self.render(snapshot, alias=alias)
+        self.check_merged(snapshot, dropin, channel.read_nova_config(node))
+        channel.write_file(node, self.config.nova_dropin, dropin)
         result = channel.run(node, self.config.restart_command)
         if not result.ok:
             detail = (result.stderr or result.stdout).strip() or "no output"
             raise OpenStackError(
                 f"restarting nova-compute on {node} failed (exit {result.returncode}): {detail}"
+            )
+
+    def check_merged(self, after: HostSnapshot, dropin: str, files: Mapping[str, str]) -> None:
+        """Refuse (``OpenStackError``, nothing written) when the drop-in merged with the node's other nova
+        files, as nova-compute reads them (:mod:`.novamerge`), would not give the GPUs the modes ``after``
+        says; the message names each file and option at fault."""
+        path = self.config.nova_dropin
+        texts = {**files, path: dropin}
+        conf = NOVA_CONF if NOVA_CONF in texts else None
+        order = reading_order(conf, [p for p in texts if p != conf])
+        try:
+            found = problems(
+                merge([(p, texts[p]) for p in order]),
+                after,
+                dropin=path,
+                pci_in_placement=self.config.pci_in_placement,
+            )
+        except NovaConfigError as exc:
+            found = [str(exc)]
+        if found:
+            raise OpenStackError(
+                f"nova-compute on {after.hostname} would not give the GPUs their new modes: "
+                + "; ".join(found)
             )
 
     def inventory_missing(self, expect: Expectation) -> str | None:

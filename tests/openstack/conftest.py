@@ -1,11 +1,13 @@
 """Fixtures: one real Placement per test session (emptied before each test), a fake Nova per test, an emulated
-host whose nova-compute is played by :class:`~tests.openstack.reporter.NovaComputeReporter`."""
+host whose nova-compute is REAL nova-compute (``real_stack``, tests marked ``nova``:
+:class:`~tests.openstack.realnova.RealNovaCompute`) or, where a test needs nova-compute to misbehave on cue,
+the stand-in :class:`~tests.openstack.reporter.NovaComputeReporter` (``stack``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from sqlalchemy import create_engine
@@ -22,6 +24,7 @@ from gpumode.host.discover import discover
 from gpumode.host.root import CommandResult, Host
 from gpumode.modes import engine
 
+from .realnova import RealNovaCompute, nova_python
 from .reporter import NovaComputeReporter
 from .services import FakeNova, Faults, PlacementAdmin, Served, start_placement
 
@@ -77,10 +80,20 @@ def host(tmp_path: Path, t4_template: Path) -> Host:
     return Host(tmp_path / "host")
 
 
+class NovaCompute(Protocol):
+    def restart(self) -> None: ...
+
+
+@pytest.fixture(scope="session")
+def nova_venv_python() -> str:
+    """The nova venv (installed on first use, see ``scripts/install-openstack-test-deps.sh``)."""
+    return nova_python()
+
+
 class ReporterChannel(HostChannel):
     """The agent's side: writes the drop-in on the host; the restart command makes 'nova-compute' report."""
 
-    def __init__(self, host: Host, reporter: NovaComputeReporter) -> None:
+    def __init__(self, host: Host, reporter: NovaCompute) -> None:
         self.reporter = reporter
         super().__init__({discover(host).hostname: host})
         self.broken_restart = False
@@ -110,7 +123,16 @@ class Clock:
 class Stack:
     """Everything a test needs around one emulated host."""
 
-    def __init__(self, host: Host, placement: PlacementAdmin, nova: FakeNova, nova_url: str, **config: Any):
+    def __init__(
+        self,
+        host: Host,
+        placement: PlacementAdmin,
+        nova: FakeNova,
+        nova_url: str,
+        *,
+        nova_python: str | None = None,
+        **config: Any,
+    ):
         self.host = host
         self.placement = placement
         self.nova = nova
@@ -126,7 +148,11 @@ class Stack:
             **config,
         )
         self.reporter = NovaComputeReporter(placement, host, self.config.nova_dropin)
-        self.channel = ReporterChannel(host, self.reporter)
+        self.compute: NovaCompute = self.reporter
+        if nova_python is not None:
+            url = self.config.placement_endpoint or ""
+            self.compute = self.real = RealNovaCompute(nova_python, url, host)
+        self.channel = ReporterChannel(host, self.compute)
         self.clock = Clock()
         engine_ = create_engine("sqlite://")
         metadata.create_all(engine_)
@@ -156,3 +182,13 @@ def stack(host: Host, placement: PlacementAdmin, nova: tuple[FakeNova, Served]) 
     fake, served = nova
     fake.add_service(discover(host).hostname)
     return Stack(host, placement, fake, served.url)
+
+
+@pytest.fixture
+def real_stack(
+    host: Host, placement: PlacementAdmin, nova: tuple[FakeNova, Served], nova_venv_python: str
+) -> Stack:
+    """:func:`stack` with REAL nova-compute behind the restart command."""
+    fake, served = nova
+    fake.add_service(discover(host).hostname)
+    return Stack(host, placement, fake, served.url, nova_python=nova_venv_python)

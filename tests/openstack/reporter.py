@@ -1,9 +1,10 @@
-"""Plays nova-compute after a restart: reads the gpumode drop-in from the (emulated) host, looks at the host's
-devices, and reports to the REAL Placement over HTTP what nova-compute's resource tracker would: the compute
-node provider, one ``<host>_pci_…`` child with ``VGPU`` inventory per configured mdev parent, one
-``<host>_<address>`` child per ``device_spec`` device when ``report_in_placement`` is on, and it removes the
-children its configuration no longer names — except where Placement refuses because of allocations (nova then
-logs and keeps the provider, as this does)."""
+"""The stand-in for nova-compute where a test needs it to misbehave on cue (not report, fail to restart); the
+tests marked ``nova`` run the real one (``realnova.py``). Plays nova-compute after a restart: reads the
+gpumode drop-in from the (emulated) host, looks at the host's devices, and reports to the REAL Placement over
+HTTP what nova-compute's resource tracker would: the compute node provider, one ``<host>_pci_…`` child with
+``VGPU`` inventory per configured mdev parent, one ``<host>_<address>`` child per ``device_spec`` device when
+``report_in_placement`` is on, and it removes the children its configuration no longer names — except where
+Placement refuses because of allocations (nova then logs and keeps the provider, as this does)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class NovaComputeReporter:
             for spec in (json.loads(s) for s in pci.get("device_spec", [])):
                 rc = spec["resource_class"]
                 p.call("PUT", f"/resource_classes/{rc}", ok=(201, 204))
-                wanted[f"{name}_{spec['address']}"] = (rc, 1)
+                wanted[f"{name}_{spec['address'].upper()}"] = (rc, 1)  # nova upper-cases the address
         children = {
             n: q for n, q in p.providers().items() if q["root_provider_uuid"] == root["uuid"] and n != name
         }

@@ -227,6 +227,17 @@ def test_vgpu_then_passthrough_then_accel_through_the_api(cloud: Cloud) -> None:
     vm = c.nova.add_server("vdi-1", c.name, {"resources:VGPU": "1"})
     bystander = c.nova.add_server("web-1", c.name, {})
 
+    # Stopped, the VM still holds its vGPU: the GPU cannot leave vgpu (Placement would go on offering its
+    # vGPUs), so the switch is refused after the host steps and the host rolled back, the allocation intact.
+    job = c.wait(c.switch({"mode": "passthrough", "vm_policy": "gpu"})["id"])
+    assert job["state"] == "rolled_back", explain(c, job)
+    assert f"GPU {GPUS[0]} left vgpu but consumer(s) {consumer} still hold allocations" in job["error"]
+    assert {g.mode.value for g in discover(c.host).gpus} == {"vgpu"}
+    wait_for(lambda: p.traits(root["uuid"]) == {VGPU} or None, 10, "the vGPU marks to be put back")
+    assert p.allocations(consumer)[held["uuid"]]["resources"] == {"VGPU": 1}
+    assert vm.status == "ACTIVE"  # started again after the failed switch
+
+    p.call("DELETE", f"/allocations/{consumer}")  # the VM is shelved: nova frees its allocation
     job = c.wait(c.switch({"mode": "passthrough", "vm_policy": "gpu"})["id"])
     assert job["state"] == "succeeded", explain(c, job)
     assert (vm.status, bystander.status) == ("SHUTOFF", "ACTIVE")  # stopped for the switch, left stopped
@@ -235,19 +246,17 @@ def test_vgpu_then_passthrough_then_accel_through_the_api(cloud: Cloud) -> None:
     assert c.service()["status"] == "enabled"
     assert p.traits(root["uuid"]) == {PT}
     for gpu in GPUS:
-        rp = c.provider(f"{c.name}_{gpu}")
+        rp = c.provider(f"{c.name}_{gpu.upper()}")  # nova's name
         assert p.inventories(rp["uuid"]) == {"CUSTOM_PCI_10DE_1EB8": 1} and p.traits(rp["uuid"]) == {PT}
-    assert p.traits(held["uuid"]) == set()  # kept for its allocation, unmarked
-    assert p.allocations(consumer)[held["uuid"]]["resources"] == {"VGPU": 1}
+    assert {n for n in p.providers() if n.startswith(c.name + "_pci_")} == set()  # no VGPU left anywhere
 
     job = c.wait(c.switch({"mode": "accel", "vm_policy": "gpu"})["id"])
     assert job["state"] == "succeeded", explain(c, job)
-    assert c.host.path(DROPIN).read_text() == HEADER
+    assert c.host.path(DROPIN).read_text() == HEADER + "\n[pci]\nreport_in_placement = True\n"
     assert p.traits(root["uuid"]) == {ACCEL}
     accel_agg = next(a for a in c.nova.aggregates.values() if a["name"] == "gpumode-accel")
     assert p.aggregates(root["uuid"]) == {accel_agg["uuid"]}
-    assert {n for n in p.providers() if n.startswith(c.name + "_")} == {held["name"]}
-    assert p.allocations(consumer)[held["uuid"]]["resources"] == {"VGPU": 1}  # no allocation lost
+    assert {n for n in p.providers() if n.startswith(c.name + "_")} == set()
     assert c.service()["status"] == "enabled" and c.watch.failures == []
 
 
@@ -261,7 +270,7 @@ def test_placement_stopped_mid_switch_rolls_the_job_back(cloud: Cloud) -> None:
 
     def down_once_the_new_dropin_is_there(method: str, path: str) -> bool:
         try:
-            return "[pci]" in c.host.path(DROPIN).read_text()
+            return "device_spec" in c.host.path(DROPIN).read_text()
         except OSError:
             return False
 

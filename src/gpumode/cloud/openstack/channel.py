@@ -12,11 +12,19 @@ from typing import Protocol
 
 from gpumode.host.root import CommandResult, Host
 
+NOVA_CONF = "/etc/nova/nova.conf"  # what nova-compute reads: this file, then the directory's *.conf by name
+NOVA_CONF_D = "/etc/nova/nova.conf.d"
+
 
 class NodeChannel(Protocol):
     def write_file(self, node: str, path: str, text: str) -> None: ...
 
     def run(self, node: str, argv: Sequence[str]) -> CommandResult: ...
+
+    def read_nova_config(self, node: str) -> dict[str, str]:
+        """Path → text of every file nova-compute reads on the node (``NOVA_CONF``,
+        ``NOVA_CONF_D/*.conf``)."""
+        ...
 
 
 class HostChannel:
@@ -41,3 +49,14 @@ class HostChannel:
 
     def run(self, node: str, argv: Sequence[str]) -> CommandResult:
         return self._host(node).run(argv)
+
+    def read_nova_config(self, node: str) -> dict[str, str]:
+        host = self._host(node)
+        found: dict[str, str] = {}
+        conf, conf_d = host.path(NOVA_CONF), host.path(NOVA_CONF_D)
+        if conf.is_file():
+            found[NOVA_CONF] = conf.read_text()
+        if conf_d.is_dir():
+            for path in sorted(conf_d.glob("*.conf")):
+                found[f"{NOVA_CONF_D}/{path.name}"] = path.read_text()
+        return found

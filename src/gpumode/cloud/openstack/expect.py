@@ -1,10 +1,11 @@
 """What Placement should show for a host in a given state: pure, from the host's snapshot alone.
 
 nova-compute names its providers after the hypervisor hostname: one child per mdev parent
-(``<host>_pci_0000_84_00_0``, inventory ``VGPU``) and, with ``[pci] report_in_placement``, one child per
-passthrough device (``<host>_0000:84:00.0``, inventory ``CUSTOM_PCI_<VENDOR>_<PRODUCT>``). Accelerator GPUs
-and passthrough GPUs not reported in Placement have no provider: their marks go on the compute node's root
-provider.
+(``<host>_pci_0000_84_00_0``, the libvirt node device name; inventory ``VGPU``) and, with ``[pci]
+report_in_placement``, one child per passthrough device (``<host>_0000:84:00.0`` with the address upper-cased,
+as nova's ``pci_placement_translator`` names it: ``<host>_0000:3B:00.0``; inventory
+``CUSTOM_PCI_<VENDOR>_<PRODUCT>``). Accelerator GPUs and passthrough GPUs not reported in Placement have no
+provider: their marks go on the compute node's root provider.
 """
 
 from __future__ import annotations
@@ -27,7 +28,35 @@ def mdev_provider_name(host: str, parent: str) -> str:
 
 
 def pci_provider_name(host: str, address: str) -> str:
-    return f"{host}_{address}"
+    """nova's name for a PCI device's provider (``_get_rp_name_for_address``: the address upper-cased)."""
+    return f"{host}_{address.upper()}"
+
+
+def provider_gpu(snapshot: HostSnapshot, name: str) -> tuple[str, Mode] | None:
+    """Which of the host's GPUs a provider nova named is for, and as what: ``(gpu address, VGPU)`` for an mdev
+    parent (the GPU or one of its VFs), ``(gpu address, PASSTHROUGH)`` for a PCI device. None for every other
+    provider, an operator's non-GPU PCI devices included: gpumode touches only GPUs it knows."""
+    host = snapshot.hostname
+    rest = name[len(host) + 1 :] if name.startswith(host + "_") else ""
+    if rest.startswith("pci_"):
+        for fn in snapshot.functions:
+            if mdev_provider_name(host, fn.address) == name:
+                gpu = snapshot.gpu(fn.physfn or fn.address)
+                return (gpu.address, Mode.VGPU) if gpu is not None else None
+        return None
+    for gpu in snapshot.gpus:
+        if pci_provider_name(host, gpu.address) == name:
+            return gpu.address, Mode.PASSTHROUGH
+    return None
+
+
+def gpu_resource_class(snapshot: HostSnapshot, address: str) -> str:
+    """The resource class gpumode's drop-in gives a passthrough GPU (``CUSTOM_PCI_<VENDOR>_<PRODUCT>``)."""
+    fn = snapshot.function(address)
+    gpu = snapshot.gpu(address)
+    vendor = fn.vendor if fn is not None else 0x10DE
+    device = gpu.device if gpu is not None else (fn.device if fn is not None else 0)
+    return pci_resource_class(vendor, device)
 
 
 def pci_resource_class(vendor: int, device: int) -> str:

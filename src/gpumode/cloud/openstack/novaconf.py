@@ -1,7 +1,8 @@
 """The nova-compute drop-in for a host's GPU modes (``/etc/nova/nova.conf.d/gpumode.conf``).
 
 Rendered from the snapshot for every GPU of the host at once, so a host with vGPU and passthrough GPUs gets
-both sections and an accelerator-only host gets an empty (but present) file that overrides an older one.
+both sections and an accelerator-only host gets an empty (but present) file that overrides an older one — with
+``[pci] report_in_placement = True`` whenever PCI-in-Placement is on, since nova cannot turn it off again.
 Passthrough ``device_spec`` entries name each GPU's address: a model-wide spec would also claim the same
 model's GPUs that stay in ``accel`` or ``vgpu`` mode on this host.
 """
@@ -65,11 +66,13 @@ def render_dropin(
         lines += ["[devices]", f"enabled_mdev_types = {', '.join(sorted(by_type))}", ""]
         for type_id in sorted(by_type):
             lines += [f"[mdev_{type_id}]", f"device_addresses = {','.join(sorted(by_type[type_id]))}", ""]
-    if specs:
+    if specs or pci_in_placement:
         lines.append("[pci]")
         lines += [f"device_spec = {json.dumps(s, separators=(',', ':'))}" for s in specs]
         lines += [f"alias = {json.dumps(a, separators=(',', ':'))}" for _, a in sorted(alias_entries.items())]
         if pci_in_placement:
+            # in every drop-in, whatever the modes: nova-compute refuses to start once it reported PCI devices
+            # and report_in_placement is off (pci_placement_translator.ensure_tracking_was_not_enabled_before)
             lines.append("report_in_placement = True")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"

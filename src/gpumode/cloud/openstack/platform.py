@@ -35,15 +35,16 @@ from gpumode.cloud.base import (
     VgpuProfile,
 )
 from gpumode.cloud.embedded import EmbeddedPlatform
-from gpumode.cloud.openstack.channel import NodeChannel
+from gpumode.cloud.openstack.channel import NOVA_CONF, NodeChannel
 from gpumode.cloud.openstack.compute import ComputeApi
 from gpumode.cloud.openstack.config import OpenStackConfig
 from gpumode.cloud.openstack.cyborg import ProfileSource
 from gpumode.cloud.openstack.delivery import delivery_steps, predict
-from gpumode.cloud.openstack.expect import Expectation, expectation
+from gpumode.cloud.openstack.expect import Expectation, expectation, gpu_resource_class, provider_gpu
 from gpumode.cloud.openstack.http import OpenStackError, ServiceError
 from gpumode.cloud.openstack.marks import MarkResult, apply_marks
 from gpumode.cloud.openstack.novaconf import RenderError, render_dropin
+from gpumode.cloud.openstack.novamerge import NovaConfigError, merge, problems, reading_order
 from gpumode.cloud.openstack.placement import PlacementClient, Provider
 from gpumode.cloud.openstack.switch import Hold, Waiter, hold_host, release_host
 from gpumode.domain import HostSnapshot, Mode, Plan, VmPolicy
@@ -242,12 +243,80 @@ class OpenStackPlatform:
             self.waiter(self.config.inventory_timeout_s).until(
                 f"Placement to show {node}'s GPU inventory", lambda: self.inventory_missing(expect)
             )
+            deleted = self.clear_stale(snapshot, expect)
             marks = self.mark(expect)
         else:
-            marks = self._mark_once(expect)
-        return f"nova-compute configured and restarted; {marks.summary()}"
+            deleted, marks = self._mark_once(snapshot, expect)
+        gone = f"; deleted stale GPU provider(s) {', '.join(deleted)}" if deleted else ""
+        return f"nova-compute configured and restarted; {marks.summary()}{gone}"
 
-    def _mark_once(self, expect: Expectation) -> MarkResult:
+    def clear_stale(self, snapshot: HostSnapshot, expect: Expectation) -> list[str]:
+        """Delete the GPU providers the host's modes no longer call for, which nova-compute leaves behind (the
+        libvirt driver returns early when no GPU has vGPU inventory, so a GPU that left vgpu keeps its
+        provider and its ``VGPU`` inventory); returns their names. A switch is not done while Placement
+        offers what the host no longer has: a stale provider someone holds allocations on raises
+        :class:`StaleProviderHeld` (nothing deleted), as does a PCI provider nova reports for a passthrough
+        GPU while gpumode's ``pci_in_placement`` is off (the two configurations disagree)."""
+        root = self.placement.provider_by_name(expect.host)
+        if root is None:
+            return []
+        stale: list[Provider] = []
+        problems: list[str] = []
+        for provider in self.placement.tree(root.uuid):
+            if provider.parent_uuid is None or expect.provider(provider.name) is not None:
+                continue
+            try:
+                owner = self._gpu_provider(provider, snapshot)
+                held = self.placement.allocations(provider.uuid) if owner is not None else {}
+            except ServiceError as exc:
+                if exc.status == 404:  # nova-compute removed it meanwhile: nothing to clear
+                    continue
+                raise
+            if owner is None:
+                continue
+            address, kind = owner
+            gpu = snapshot.gpu(address)
+            if kind is Mode.PASSTHROUGH and gpu is not None and gpu.mode is Mode.PASSTHROUGH:
+                problems.append(
+                    f"nova-compute reports GPU {address} in Placement ({provider.name}) but gpumode's "
+                    "pci_in_placement is off: set [openstack] pci_in_placement = true to match nova's "
+                    "[pci] report_in_placement"
+                )
+                continue
+            if kind is Mode.VGPU and gpu is not None and gpu.mode is Mode.VGPU:
+                continue  # a parent of a vGPU GPU that nova reports and gpumode did not configure: nova's own
+            if held:
+                problems.append(
+                    f"GPU {address} left {kind.value} but consumer(s) {', '.join(sorted(held))} still hold "
+                    f"allocations on its provider {provider.name}"
+                )
+                continue
+            stale.append(provider)
+        if problems:
+            log.error("Placement cannot match %s's GPU modes: %s", expect.host, "; ".join(problems))
+            raise StaleProviderHeld(
+                f"Placement cannot show {expect.host}'s GPUs as their modes say: {'; '.join(problems)}"
+            )
+        deleted = []
+        for provider in stale:
+            try:
+                self.placement.delete_provider(provider.uuid)
+            except ServiceError as exc:
+                if exc.status != 404:
+                    raise
+            deleted.append(provider.name)
+        return deleted
+
+    def _gpu_provider(self, provider: Provider, snapshot: HostSnapshot) -> tuple[str, Mode] | None:
+        """:func:`provider_gpu`, and for a PCI provider its inventory too: a GPU's is in its own resource
+        class."""
+        owner = provider_gpu(snapshot, provider.name)
+        if owner is None or owner[1] is not Mode.PASSTHROUGH:
+            return owner
+        classes = set(self.placement.inventories(provider.uuid))
+        return owner if classes <= {gpu_resource_class(snapshot, owner[0])} else None
+
+    def _mark_once(self, snapshot: HostSnapshot, expect: Expectation) -> tuple[list[str], MarkResult]:
         """One try at :meth:`set_up_cards`' Placement half; a failure that may pass raises
         :class:`CloudUnavailable` naming the service, where it is and the cause."""
         try:
@@ -257,7 +326,8 @@ class OpenStackPlatform:
                     f"waiting for Placement at {self.placement_url()} to show {expect.host}'s GPU inventory: "
                     f"{missing}"
                 )
-            return self.mark(expect)
+            deleted = self.clear_stale(snapshot, expect)
+            return deleted, self.mark(expect)
         except OpenStackError as exc:
             cause = exc if isinstance(exc, ServiceError) else exc.__cause__
             if isinstance(cause, ServiceError) and transient(cause):
@@ -283,12 +353,37 @@ class OpenStackPlatform:
         channel = self.clients.channel
         if channel is None:
             raise OpenStackError("no channel to the hosts is configured: cannot deliver the nova drop-in")
-        channel.write_file(node, self.config.nova_dropin, self.render(snapshot, alias=alias))
+        dropin = self.render(snapshot, alias=alias)
+        self.check_merged(snapshot, dropin, channel.read_nova_config(node))
+        channel.write_file(node, self.config.nova_dropin, dropin)
         result = channel.run(node, self.config.restart_command)
         if not result.ok:
             detail = (result.stderr or result.stdout).strip() or "no output"
             raise OpenStackError(
                 f"restarting nova-compute on {node} failed (exit {result.returncode}): {detail}"
+            )
+
+    def check_merged(self, after: HostSnapshot, dropin: str, files: Mapping[str, str]) -> None:
+        """Refuse (``OpenStackError``, nothing written) when the drop-in merged with the node's other nova
+        files, as nova-compute reads them (:mod:`.novamerge`), would not give the GPUs the modes ``after``
+        says; the message names each file and option at fault."""
+        path = self.config.nova_dropin
+        texts = {**files, path: dropin}
+        conf = NOVA_CONF if NOVA_CONF in texts else None
+        order = reading_order(conf, [p for p in texts if p != conf])
+        try:
+            found = problems(
+                merge([(p, texts[p]) for p in order]),
+                after,
+                dropin=path,
+                pci_in_placement=self.config.pci_in_placement,
+            )
+        except NovaConfigError as exc:
+            found = [str(exc)]
+        if found:
+            raise OpenStackError(
+                f"nova-compute on {after.hostname} would not give the GPUs their new modes: "
+                + "; ".join(found)
             )
 
     def inventory_missing(self, expect: Expectation) -> str | None:
@@ -375,12 +470,22 @@ class OpenStackPlatform:
             drift.append(Drift(host, f"Placement lacks GPU inventory: {missing}", False))
         tree = self.placement.tree(root.uuid)
         for provider in tree:
-            if (
-                provider.parent_uuid is not None
-                and expect.provider(provider.name) is None
-                and _is_gpu(provider, host)
-            ):
-                drift.append(self._stale(provider))
+            owner = self._gpu_provider(provider, snapshot)
+            if provider.parent_uuid is None or owner is None or expect.provider(provider.name) is not None:
+                continue
+            gpu = snapshot.gpu(owner[0])
+            if gpu is not None and gpu.mode is owner[1]:
+                if owner[1] is Mode.PASSTHROUGH:
+                    drift.append(
+                        Drift(
+                            provider.name,
+                            f"nova-compute reports GPU {owner[0]} in Placement but gpumode's "
+                            "pci_in_placement is off; kept",
+                            False,
+                        )
+                    )
+                continue  # the GPU is in the provider's mode: nova's to report, not stale
+            drift.append(self._stale(provider))
         marks = self.mark(expect)
         drift += [
             Drift(c.provider.name, f"{c.kind} were {sorted(c.before)}, set to {sorted(c.after)}", True)
@@ -411,11 +516,9 @@ def _service_name(error: ServiceError) -> str:
     return {"placement": "Placement", "nova": "Nova", "cyborg": "Cyborg"}.get(error.service, error.service)
 
 
-def _is_gpu(provider: Provider, host: str) -> bool:
-    """Providers nova names after a GPU: mdev parents (``<host>_pci_…``) and PCI devices
-    (``<host>_0000:…``)."""
-    rest = provider.name[len(host) + 1 :] if provider.name.startswith(host + "_") else ""
-    return rest.startswith("pci_") or (len(rest) == 12 and rest[4] == ":")
+class StaleProviderHeld(OpenStackError):
+    """Placement would still offer a GPU in a mode it left (or the two PCI settings disagree): the switch is
+    not done. Permanent: it does not pass by waiting."""
 
 
 def _undo_membership(compute: ComputeApi, host: str, done: list[tuple[int, bool]]) -> None:

@@ -158,3 +158,17 @@ def _empty_snapshot() -> Any:
     from gpumode.domain import DriverState, HostSnapshot, NvidiaDriver
 
     return HostSnapshot("h", None, [], [], [], [], NvidiaDriver(), DriverState.NONE)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "claims"),
+    [("0000:18:00.0", True), ("18:00.0", True), ("*:18:00.*", True), ("0000:18:*.*", True),
+     ("0000:3b:00.0", False), ("0000:18:00.1", False), ("*:*:*.*", True)],
+)  # fmt: skip
+def test_device_spec_addresses_match_as_novas_globs(pattern: str, claims: bool, stack: Stack) -> None:
+    """nova's ``[[domain]:][bus]:[slot][.[function]]`` with ``*``: an operator's spec that matches a GPU the
+    switch leaves out of passthrough is named."""
+    spec = {"vendor_id": "10de", "product_id": "1eb8", "address": pattern}
+    merged = merge([("/etc/nova/nova.conf", f"[pci]\ndevice_spec = {json.dumps(spec)}\n")])
+    found = problems(merged, discover(stack.host), dropin="d", pci_in_placement=False)
+    assert any("claims GPU 0000:18:00.0" in p for p in found) is claims, found

@@ -177,14 +177,19 @@ def _claims(spec: dict[str, Any], snapshot: HostSnapshot, address: str) -> bool:
 
 
 def _address_matches(pattern: str, address: str) -> bool:
-    """nova's glob form ``[[domain]:][bus]:[slot][.[function]]`` with ``*`` parts."""
-    want_domain, _, rest = pattern.rpartition(":") if pattern.count(":") == 2 else ("*", "", pattern)
-    want_bus, _, slot_fn = rest.rpartition(":")
+    """nova's glob form ``[[[domain]:]bus]:][slot][.[function]]``, each part a hex number or ``*``/empty."""
+    parts = pattern.split(":")
+    slot_fn = parts[-1]
+    want_bus = parts[-2] if len(parts) >= 2 else "*"
+    want_domain = parts[-3] if len(parts) >= 3 else "*"
     want_slot, _, want_fn = slot_fn.partition(".")
     domain, bus, dev_fn = address.split(":")
     slot, fn = dev_fn.split(".")
     pairs = ((want_domain, domain), (want_bus, bus), (want_slot, slot), (want_fn, fn))
-    return all(w in ("", "*") or int(w, 16) == int(a, 16) for w, a in pairs)
+    try:
+        return all(w in ("", "*") or int(w, 16) == int(a, 16) for w, a in pairs)
+    except ValueError:
+        return True  # a form gpumode cannot read: nova may still match it; err on naming it
 
 
 def _list(text: str) -> list[str]:

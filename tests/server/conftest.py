@@ -53,6 +53,14 @@ class WriteCounter:
         if statement.lstrip().split(" ", 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}:
             self.writes.append(statement)
 
+    def digests(self) -> list[str]:
+        """The writes that only store a report body's digest (once per body not seen before)."""
+        return [w for w in self.writes if w.startswith("UPDATE nodes SET report_digest=")]
+
+    def changes(self) -> list[str]:
+        """The writes that change what the database says about anything (all but :meth:`digests`)."""
+        return [w for w in self.writes if w not in self.digests()]
+
 
 @dataclass
 class Api:

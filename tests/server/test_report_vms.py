@@ -79,7 +79,7 @@ def test_report_without_vms_keeps_the_stored_ones(api: Api) -> None:
     api.writes.writes.clear()
     r = api.report("n1", token, host("n1").to_dict())
     assert r.status_code == 200 and r.json()["changed"] is False
-    assert api.writes.writes == []
+    assert api.writes.changes() == []  # at most the new body's digest
     assert _stored_vms(api.engine, "n1") == ["vm-a"]
 
 

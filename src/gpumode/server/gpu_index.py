@@ -14,32 +14,35 @@ from typing import Any
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
-from gpumode.domain import HostSnapshot
+from gpumode.domain import HostSnapshot, Mode
 from gpumode.server.models import NodeGpu
 
 NVIDIA = 0x10DE  # a snapshot's GPUs are NVIDIA's; only a malformed one lacks the function to read it from
 
 
-def gpu_rows(snapshot: HostSnapshot) -> list[dict[str, Any]]:
+def gpu_rows(snapshot: HostSnapshot | dict[str, Any]) -> list[dict[str, Any]]:
     """The snapshot's GPUs as ``node_gpus`` rows (without ``node_id``); the model is ``vendor:device``, the
-    key the whitelist uses too."""
-    vendors = {fn.address: fn.vendor for fn in snapshot.functions}
+    key the whitelist uses too. Read from the stored (JSON) form, which a domain snapshot is turned into."""
+    data = snapshot if isinstance(snapshot, dict) else snapshot.to_dict()
+    gpus = data["gpus"]
+    addresses = {gpu["address"] for gpu in gpus}
+    vendors = {fn["address"]: fn["vendor"] for fn in data["functions"] if fn["address"] in addresses}
     return [
         {
-            "address": gpu.address,
-            "model": f"{vendors.get(gpu.address, NVIDIA):04x}:{gpu.device:04x}",
-            "name": gpu.name,
-            "mode": gpu.mode.value,
-            "driver": gpu.driver,
+            "address": gpu["address"],
+            "model": f"{vendors.get(gpu['address'], NVIDIA):04x}:{gpu['device']:04x}",
+            "name": gpu["name"],
+            "mode": str(Mode(gpu["mode"])),
+            "driver": gpu["driver"],
         }
-        for gpu in snapshot.gpus
+        for gpu in gpus
     ]
 
 
-def store(session: Session, node_id: int, snapshot: HostSnapshot, old: HostSnapshot | None) -> None:
-    """Make the node's rows those of ``snapshot``. Nothing is written when its GPUs read as in ``old`` (the
-    snapshot stored until now): most changed reports change something else."""
-    rows = gpu_rows(snapshot)
+def store(session: Session, node_id: int, stored: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """Make the node's rows those of the snapshot ``stored`` (its stored form). Nothing is written when its
+    GPUs read as in ``old`` (the snapshot stored until now): most changed reports change something else."""
+    rows = gpu_rows(stored)
     if old is not None and gpu_rows(old) == rows:
         return
     session.execute(delete(NodeGpu).where(NodeGpu.node_id == node_id))

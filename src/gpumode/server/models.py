@@ -76,11 +76,21 @@ class Node(Base):
     # current node token (a reinstalled host that lost it); used up by that join (0006).
     replace_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     replace_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # SHA-256 of the report body the stored snapshot and VMs were taken from: a body with this digest says
+    # nothing new and needs no parsing (0008). Cleared whenever either is set; the report route sets it
+    # again, after both, when it stored them from one body.
+    report_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     @validates("vms")
     def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         self.vms_digest = vms_digest(vms)
+        self.report_digest = None
         return vms
+
+    @validates("snapshot")
+    def _forget_report(self, _key: str, snapshot: dict[str, Any]) -> dict[str, Any]:
+        self.report_digest = None
+        return snapshot
 
 
 def vms_digest(vms: list[dict[str, Any]] | None) -> str | None:

@@ -23,15 +23,30 @@ from pydantic import (
     model_validator,
 )
 
-from gpumode.domain import SNAPSHOT_SCHEMA, DriverState, Flavour, HostSnapshot, Mode, normalize_address
+from gpumode.domain import (
+    SNAPSHOT_SCHEMA,
+    DriverState,
+    Flavour,
+    HostSnapshot,
+    Mode,
+    fingerprint_of,
+    normalize_address,
+)
 
 HOSTNAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$"
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)" + HOSTNAME_PATTERN.removeprefix("^"))
 _FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+# The kernel's form, as normalize_address writes it: most addresses match this at once (a body carries
+# hundreds), only the others are parsed to say what is wrong with them.
+_CANONICAL_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]")
+
+
 def _canonical_address(value: str) -> str:
     """Addresses must come in the kernel's own form (``0000:3b:00.0``): one text, one fingerprint."""
+    if _CANONICAL_ADDRESS.fullmatch(value):
+        return value
     canonical = normalize_address(value)  # raises PciAddressError (a ValueError) on garbage
     if canonical != value:
         raise ValueError(f"PCI address {value!r} is not in canonical form (expected {canonical!r})")
@@ -215,6 +230,7 @@ class SnapshotIn(_Strict):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
     _snapshot: HostSnapshot = PrivateAttr()
+    _stored: dict[str, Any] = PrivateAttr()
 
     @field_validator("schema_")
     @classmethod
@@ -241,15 +257,19 @@ class SnapshotIn(_Strict):
         missing = sorted(set(gpu_addresses) - set(addresses))
         if missing:
             raise ValueError(f"gpus: {', '.join(missing)} not listed in functions")
-        snapshot = HostSnapshot.from_dict(self.model_dump(by_alias=True, mode="python", exclude={"vms"}))
-        computed = snapshot.compute_fingerprint()
+        # Parsed once: the dump has the snapshot's ``to_dict()`` form (the models mirror the dataclasses field
+        # for field, defaults filled in), so it is what is fingerprinted and stored, and the domain snapshot
+        # is built from it.
+        stored = self.model_dump(by_alias=True, mode="python", exclude={"vms"})
+        computed = fingerprint_of(stored)
         if self.fingerprint and self.fingerprint != computed:
             raise ValueError(
                 f"fingerprint {self.fingerprint} does not match the snapshot's content ({computed}); "
                 "the agent must fingerprint exactly what it sends"
             )
-        snapshot.fingerprint = computed
-        self._snapshot = snapshot
+        stored["fingerprint"] = computed
+        self._stored = stored
+        self._snapshot = HostSnapshot.from_dict(stored)
         return self
 
     def vms_json(self) -> list[dict[str, Any]] | None:
@@ -259,3 +279,7 @@ class SnapshotIn(_Strict):
     def to_domain(self) -> HostSnapshot:
         """The domain snapshot, its fingerprint checked (or filled in when the agent sent none)."""
         return self._snapshot
+
+    def stored_form(self) -> dict[str, Any]:
+        """The snapshot as the server stores it: ``to_domain().to_dict()``, without building it again."""
+        return self._stored

@@ -42,9 +42,6 @@ class ServerState:
     # liveness is a property of this process's view anyway (a restarted server waits for the next report).
     last_seen: dict[str, datetime] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Per node: the digest of the last report body this process validated, its fingerprint and its VMs'
-    # digest (None: no VMs in it). Facts of the body only, so they never go stale; compared with the database.
-    known_bodies: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
     # The engine for the report's one read, outside a transaction: no BEGIN and ROLLBACK round trips.
     reader: Engine = field(init=False)
     # SQLite file: the report's read runs on the event loop with this engine (``db.make_inline_reader``).

@@ -32,7 +32,7 @@ from gpumode.cloud.base import (
     SwitchHooks,
     cards_for_snapshot,
 )
-from gpumode.domain import HostSnapshot, PciFunction
+from gpumode.domain import HostSnapshot, Mode
 from gpumode.server import gpu_index
 from gpumode.server.models import ACTIVE_JOB_STATES, Event, Job, Node
 
@@ -92,10 +92,16 @@ def apply_snapshot(
     *,
     now: datetime,
     node: Node | None = None,
+    stored: dict[str, Any] | None = None,
 ) -> tuple[Node, SyncResult]:
-    """Diff, reconcile cards, record events, store ``snapshot``. Flushes; the caller commits."""
+    """Diff, reconcile cards, record events, store ``snapshot``. Flushes; the caller commits.
+
+    ``stored`` is ``snapshot.to_dict()`` when the caller has it already (a parsed report does): the diff
+    reads the stored forms, old and new, so the old snapshot is never rebuilt as objects.
+    """
     created = node is None
-    old = None if node is None else HostSnapshot.from_dict(node.snapshot)
+    new = snapshot.to_dict() if stored is None else stored
+    old = None if node is None else node.snapshot
     result = SyncResult(node=snapshot.hostname, changed=True, created=created)
     if node is None:
         node = Node(name=snapshot.hostname, created_at=now)  # added once complete: card queries autoflush
@@ -109,12 +115,12 @@ def apply_snapshot(
                 now,
             )
         )
-    result.events.extend(_hardware_events(snapshot.hostname, old, snapshot, now))
+    result.events.extend(_hardware_events(snapshot.hostname, old, new, now))
     job = None if created else _switching(session, snapshot.hostname)
     _reconcile_cards(platform, snapshot, result, now, gone=f"removed by switch job {job}" if job else None)
     if not created and job is None:
         result.events.extend(_cloud_drift(platform, snapshot, now))
-    node.snapshot = snapshot.to_dict()
+    node.snapshot = new
     node.fingerprint = snapshot.fingerprint
     node.mode = host_mode(snapshot)
     node.driver_state = snapshot.driver_state.value
@@ -123,7 +129,7 @@ def apply_snapshot(
     session.add(node)
     session.add_all(result.events)
     session.flush()
-    gpu_index.store(session, node.id, snapshot, old)  # the dashboard's per-GPU rows, in this transaction
+    gpu_index.store(session, node.id, new, old)  # the dashboard's per-GPU rows, in this transaction
     return node, result
 
 
@@ -131,25 +137,32 @@ def apply_snapshot(
 # -----------------------------------------------------------------------------------------------
 
 
-def _identity(fn: PciFunction) -> dict[str, Any]:
+def _identity(fn: dict[str, Any]) -> dict[str, Any]:
+    """What makes a function the same device, from its stored form."""
     return {
-        "address": fn.address,
-        "id": f"{fn.vendor:04x}:{fn.device:04x}",
-        "subsystem": f"{fn.subsystem_vendor:04x}:{fn.subsystem_device:04x}",
-        "iommu_group": fn.iommu_group,
-        "class": f"{fn.class_code:06x}",
-        "name": fn.device_name,
+        "address": fn["address"],
+        "id": f"{fn['vendor']:04x}:{fn['device']:04x}",
+        "subsystem": f"{fn['subsystem_vendor']:04x}:{fn['subsystem_device']:04x}",
+        "iommu_group": fn.get("iommu_group"),
+        "class": f"{fn['class_code']:06x}",
+        "name": fn.get("device_name"),
     }
 
 
-def _hardware_events(node: str, old: HostSnapshot | None, new: HostSnapshot, now: datetime) -> list[Event]:
-    """Physical functions added, removed or changed in identity; GPUs whose mode or driver changed.
+def _physical(snapshot: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {fn["address"]: fn for fn in (snapshot or {}).get("functions", []) if fn.get("physfn") is None}
+
+
+def _hardware_events(
+    node: str, old: dict[str, Any] | None, new: dict[str, Any], now: datetime
+) -> list[Event]:
+    """Physical functions added, removed or changed in identity; GPUs whose mode or driver changed. Both
+    snapshots in their stored form; a function whose stored form is equal is not looked into.
 
     VFs are left out: they come and go with SR-IOV configuration, not hardware, and their vGPU cards are
     reconciled on their own.
     """
-    before = {fn.address: fn for fn in (old.functions if old else []) if not fn.is_vf}
-    after = {fn.address: fn for fn in new.functions if not fn.is_vf}
+    before, after = _physical(old), _physical(new)
     events: list[Event] = []
     for address in sorted(before.keys() | after.keys()):
         was, now_fn = before.get(address), after.get(address)
@@ -161,7 +174,7 @@ def _hardware_events(node: str, old: HostSnapshot | None, new: HostSnapshot, now
                         "hardware.added",
                         Severity.INFO,
                         address,
-                        f"{address} appeared ({now_fn.device_name or _identity(now_fn)['id']})",
+                        f"{address} appeared ({now_fn.get('device_name') or _identity(now_fn)['id']})",
                         now,
                         after=_identity(now_fn),
                     )
@@ -178,8 +191,10 @@ def _hardware_events(node: str, old: HostSnapshot | None, new: HostSnapshot, now
                     before=_identity(was),
                 )
             )
-        elif was is not None and now_fn is not None and _identity(was) != _identity(now_fn):
+        elif was is not None and now_fn is not None and was != now_fn:
             a, b = _identity(was), _identity(now_fn)
+            if a == b:
+                continue
             what = ", ".join(k for k in a if a[k] != b[k])
             events.append(
                 make_event(
@@ -193,20 +208,23 @@ def _hardware_events(node: str, old: HostSnapshot | None, new: HostSnapshot, now
                     after=b,
                 )
             )
-    old_gpus = {g.address: g for g in (old.gpus if old else [])}
-    for gpu in new.gpus:
-        prev = old_gpus.get(gpu.address)
-        if prev is not None and (prev.mode, prev.driver) != (gpu.mode, gpu.driver):
+    old_gpus = {g["address"]: g for g in (old or {}).get("gpus", [])}
+    for gpu in new["gpus"]:
+        prev = old_gpus.get(gpu["address"])
+        if prev is None:
+            continue
+        was_mode, mode = str(Mode(prev["mode"])), str(Mode(gpu["mode"]))
+        if (was_mode, prev["driver"]) != (mode, gpu["driver"]):
             events.append(
                 make_event(
                     node,
                     "gpu.mode_changed",
                     Severity.INFO,
-                    gpu.address,
-                    f"{gpu.address}: {prev.mode.value} ({prev.driver}) -> {gpu.mode.value} ({gpu.driver})",
+                    gpu["address"],
+                    f"{gpu['address']}: {was_mode} ({prev['driver']}) -> {mode} ({gpu['driver']})",
                     now,
-                    before={"mode": prev.mode.value, "driver": prev.driver},
-                    after={"mode": gpu.mode.value, "driver": gpu.driver},
+                    before={"mode": was_mode, "driver": prev["driver"]},
+                    after={"mode": mode, "driver": gpu["driver"]},
                 )
             )
     return events

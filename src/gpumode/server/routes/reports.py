@@ -2,15 +2,19 @@
 
 Every agent reports every few seconds and almost every report is unchanged, so this endpoint is built for
 that case: **one** indexed read outside a transaction (the token, its node, and the reported node's stored
-fingerprint and VM digest, joined), no write, and a response built without FastAPI's validation pass. On
-SQLite that read runs on the event loop (a hop to a worker thread costs several times the read); on
-PostgreSQL, a network round trip, it runs in a worker thread. An agent sends the same bytes for the same
-report, so this process remembers, per node, the digest of the last body it validated and the fingerprint
-and VM digest it found in it; a known body is not parsed again. What is remembered is only what the body
-says, never what the database holds: the comparison is always with the database, so several server
-processes stay right (one that saw body X, while another process stored other VMs since, still sees that the
-VMs differ and stores X's again). Token revocation takes effect on the next report: nothing about tokens is
-cached.
+fingerprint, VM digest and report digest, joined), no write, and a response built without FastAPI's
+validation pass. On SQLite that read runs on the event loop (a hop to a worker thread costs several times
+the read); on PostgreSQL, a network round trip, it runs in a worker thread.
+
+An agent sends the same bytes for the same report, so the node's row keeps the SHA-256 of the body its stored
+snapshot and VMs were taken from (``nodes.report_digest``): a body with that digest is answered without being
+parsed — by any server process, and right after a restart. A body with another digest is parsed once (the
+validated model is fingerprinted, stored and diffed as it is, never rebuilt); if it says nothing new (new
+bytes, same content: the first report after joining, an upgraded agent), its digest is stored with one
+conditional UPDATE that only takes while the row still holds what the body says. Setting a node's snapshot or
+VMs any other way clears the digest. Nothing about reports or tokens is kept in the process, so several
+server processes share a fleet with nothing but the database between them (token revocation takes effect on
+the next report).
 """
 
 from __future__ import annotations
@@ -18,17 +22,15 @@ from __future__ import annotations
 import hashlib
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import aliased
 from starlette.concurrency import run_in_threadpool
 
-from gpumode.domain import HostSnapshot
 from gpumode.server import audit, card_holders, sync
 from gpumode.server.auth import Role, bearer_secret, hash_secret, principal_of, token_lookup
 from gpumode.server.deps import node_access
@@ -48,11 +50,12 @@ _BODY = {
 }
 
 _REPORTED = aliased(Node, name="reported")
-# The token (as authenticate reads it) and the reported node's fingerprint and VM digest, in one round trip.
+# The token (as authenticate reads it) and the reported node's fingerprint, VM digest and report digest, in
+# one round trip.
 # Built once: building a statement costs more than running it on SQLite.
 _LOOKUP = (
     token_lookup()
-    .add_columns(_REPORTED.fingerprint, _REPORTED.vms_digest)
+    .add_columns(_REPORTED.fingerprint, _REPORTED.vms_digest, _REPORTED.report_digest)
     .outerjoin(_REPORTED, _REPORTED.name == bindparam("node"))
 )
 
@@ -84,7 +87,7 @@ async def report(name: str, request: Request) -> Response:
 def _report(
     name: str, body: bytes, request: Request, state: ServerState, *, inline: bool = False
 ) -> Response | None:
-    """Handle one report; ``inline``: only as far as answering an unchanged one from a known body (``None``
+    """Handle one report; ``inline``: only as far as answering an unchanged one from its digest (``None``
     when it is not that)."""
     started = time.perf_counter()
     secret = bearer_secret(request.headers.get("authorization"))
@@ -100,32 +103,25 @@ def _report(
     audit.set_principal(request, principal)
     node_access(principal, name, users_need=Role.ADMIN)
 
-    digest = hashlib.sha256(body).hexdigest()
-    known = state.known_bodies.get(name)
-    snapshot, vms = None, None
-    if known is not None and known[0] == digest:
-        _, fingerprint, reported_vms = known
-    elif inline:
-        return None
-    else:
-        snapshot, vms = _parse(body, name)
-        fingerprint, reported_vms = snapshot.fingerprint, vms_digest(vms)
-    stored_fingerprint, stored_vms = row[6], row[7]
+    stored_fingerprint, stored_vms, stored_report = row[6], row[7], row[8]
     if stored_fingerprint is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no node named {name!r}; agents join first")
-    state.known_bodies[name] = (digest, fingerprint, reported_vms)  # what the body says, nothing stored
-    if stored_fingerprint == fingerprint and reported_vms in (None, stored_vms):
-        state.seen(name, datetime.now(UTC))
-        audit.skip(request)
-        state.metrics.observe_report("unchanged", time.perf_counter() - started)
-        return _answer(ReportResponse(node=name, changed=False, fingerprint=fingerprint))
+    digest = hashlib.sha256(body).hexdigest()
+    if digest == stored_report:  # the very body the stored state was taken from: nothing new in it
+        return _unchanged(request, state, name, stored_fingerprint, started)
     if inline:
         return None
+    parsed = _parse(body, name)
+    snapshot, vms = parsed.to_domain(), parsed.vms_json()
+    fingerprint, reported_vms = snapshot.fingerprint, vms_digest(vms)
+    if stored_fingerprint == fingerprint and reported_vms in (None, stored_vms):
+        # Nothing new, in bytes not seen before (a first report after joining, an upgraded agent): remember
+        # the body, but only while the database still holds what it says.
+        _remember_body(state, name, digest, fingerprint, reported_vms)
+        return _unchanged(request, state, name, fingerprint, started)
 
     now = datetime.now(UTC)
     state.seen(name, now)
-    if snapshot is None:
-        snapshot, vms = _parse(body, name)
     with state.sessions() as session:
         # Lock the row so two reports of one node (an agent restarting mid-report) apply one after the other.
         node = session.scalars(select(Node).where(Node.name == name).with_for_update()).one()
@@ -136,6 +132,7 @@ def _report(
             # the VMs changed, the hardware did not: planning input, and the cards follow the VMs
             held = card_holders.follow_vms(platform, name, node.vms, now)
             session.add_all(held)
+            node.report_digest = digest
             if held:
                 audit.commit_audited(
                     request, session, target=f"node:{name}", detail=f"{len(held)} card(s) follow VMs"
@@ -145,7 +142,9 @@ def _report(
                 audit.skip(request)
             state.metrics.observe_report("unchanged", time.perf_counter() - started)
             return _answer(ReportResponse(node=name, changed=False, fingerprint=fingerprint))
-        result = sync.apply_snapshot(session, platform, snapshot, now=now, node=node)[1]
+        stored = parsed.stored_form()
+        result = sync.apply_snapshot(session, platform, snapshot, now=now, node=node, stored=stored)[1]
+        node.report_digest = digest  # after the snapshot and the VMs, which clear it
         held = card_holders.follow_vms(platform, name, node.vms, now)  # new cards may be a VM's already
         session.add_all(held)
         audit.commit_audited(
@@ -157,6 +156,26 @@ def _report(
         )
     state.metrics.observe_report("changed", time.perf_counter() - started)
     return _answer(ReportResponse(node=name, changed=True, fingerprint=fingerprint, sync=result.summary()))
+
+
+def _unchanged(request: Request, state: ServerState, name: str, fingerprint: str, started: float) -> Response:
+    state.seen(name, datetime.now(UTC))
+    audit.skip(request)
+    state.metrics.observe_report("unchanged", time.perf_counter() - started)
+    return _answer(ReportResponse(node=name, changed=False, fingerprint=fingerprint))
+
+
+def _remember_body(
+    state: ServerState, name: str, digest: str, fingerprint: str, reported_vms: str | None
+) -> None:
+    """Store ``digest`` as the node's report digest if its row still has ``fingerprint`` (and, when the body
+    has VMs, their digest): one conditional UPDATE, once per new body; a node changed meanwhile by another
+    report is left alone. A cache of what the database holds, so not audited."""
+    conditions = [Node.name == name, Node.fingerprint == fingerprint]
+    if reported_vms is not None:
+        conditions.append(Node.vms_digest == reported_vms)
+    with state.engine.begin() as conn:
+        conn.execute(update(Node).where(*conditions).values(report_digest=digest))
 
 
 def _answer(answer: ReportResponse) -> Response:
@@ -172,7 +191,7 @@ def _unauthorized() -> HTTPException:
     )
 
 
-def _parse(body: bytes, name: str) -> tuple[HostSnapshot, list[dict[str, Any]] | None]:
+def _parse(body: bytes, name: str) -> SnapshotIn:
     """Validate the body as a snapshot of ``name`` (and the VMs beside it); every problem is a 422 naming
     where it is."""
     try:
@@ -187,4 +206,4 @@ def _parse(body: bytes, name: str) -> tuple[HostSnapshot, list[dict[str, Any]] |
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"snapshot is for {snapshot.hostname!r}, reported to node {name!r}",
         )
-    return snapshot, parsed.vms_json()
+    return parsed

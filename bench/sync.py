@@ -1,28 +1,40 @@
-"""Benchmark hardware sync: 10,000 synthetic hosts reporting to one uvicorn server on loopback.
+"""Benchmark hardware sync: a fleet of hosts reporting to a uvicorn server on loopback, side by side.
 
-For each database (SQLite file, PostgreSQL in a throw-away schema) the fleet is seeded with bulk inserts, a
-server is started the way ``gpumode server`` starts it, and a load generator (``bench/loadgen.py``, a lean
-HTTP/1.1 client in a process of its own) posts each host's report — its snapshot and four VMs:
+Two kinds of report bodies (``--bodies``, default both):
 
-- ``first pass``: every host once, back to back (closed loop), right after the server started: what a
-  restart costs, when this process has not yet seen any host's report body;
-- ``unchanged``: the snapshot the server already has (the steady state: nothing may be written), in an
-  **open loop** at ``--rate`` reports/s (default 333: 10,000 hosts, one report each every 30 s): requests go
-  out on schedule whether or not earlier ones returned, and latency counts from the scheduled send time, so
-  queueing in the server cannot hide behind a slowed-down client;
-- ``changed``: each report flips its host between two hardware layouts (one GPU's subsystem id changes), so
-  every report diffs, replaces a card, records events and stores the snapshot; open loop at
-  ``--changed-rate``.
+- ``real``: what real agents send, made by the emulated fixtures (``bench/bodies.py``): all five host shapes
+  (HGX H100 with 180 PCI functions, A16 VDI, L40S SR-IOV, T4 mdev, a workstation), varied per host (PCI bus
+  numbers, VMs, vGPUs); a changed report is a real change of that host — a VM stopped or started, a vGPU
+  created, a GPU switched to vfio-pci, a GPU lost — made by the same host code a switch uses;
+- ``synthetic``: an accel host with ``--gpus`` H100s; a changed report swaps GPU 0's board (subsystem id).
 
-``--closed`` runs the two scenarios closed-loop instead (``--concurrency`` clients back to back): the most the
-server can take. Printed side by side per database: offered and achieved rate, latency percentiles, errors,
-the server's CPU per report (its own process's CPU time, whatever else runs on the machine), the generator's
-CPU, and whether the target — 333 reports/s with p99 < 50 ms for unchanged snapshots — is met. The load
-average is printed so readers can judge how quiet the machine was.
+For each database (SQLite file, PostgreSQL in a throw-away schema) and each kind the fleet is seeded with bulk
+inserts, a server is started the way ``gpumode server`` starts it, and a load generator (``bench/loadgen.py``,
+a lean HTTP/1.1 client in a process of its own) posts each host's report:
 
-    .venv/bin/python bench/sync.py                          # 10,000 hosts x 8 GPUs, both databases
+- ``first pass, new bodies``: every host once, back to back (closed loop), with bodies the server has not
+  stored a digest of (an agent upgrade, or a server that keeps nothing): every body is parsed;
+- ``first pass``: the server restarted, every host once again: what a restart costs;
+- ``unchanged``: the body the server already has (the steady state: nothing may be written), in an **open
+  loop** at ``--rate`` reports/s (default 333: 10,000 hosts, one report each every 30 s): requests go out on
+  schedule whether or not earlier ones returned, and latency counts from the scheduled send time, so queueing
+  in the server cannot hide behind a slowed-down client;
+- ``changed``: each report flips its host between its two states, so every report diffs, records events,
+  reconciles cards and stores the snapshot (or, for a VM change, the VMs); open loop at ``--changed-rate``;
+- on PostgreSQL, ``--processes`` (default 1,2,4): the server started as ``gpumode server --workers N`` and
+  changed reports sent closed-loop (``--concurrency`` clients): reports/s in all, per process, server CPU
+  (all its processes) and the database's own CPU per report.
+
+``--closed`` runs unchanged and changed closed-loop instead: the most the server can take. Printed side by
+side: offered and achieved rate, latency percentiles, errors, the server's CPU per report (its own processes'
+CPU time, whatever else runs on the machine), PostgreSQL's CPU per report, the generator's CPU, the server's
+memory, and whether the target — 333 reports/s with p99 < 50 ms for unchanged snapshots — is met. Load
+averages are printed so readers can judge how quiet the machine was. Run it with another tree first on
+``PYTHONPATH`` to measure that tree's server side by side ("before").
+
+    .venv/bin/python bench/sync.py                          # 2,000 hosts, real and synthetic, both databases
     .venv/bin/python bench/sync.py --closed                 # saturation: maximum reports/s
-    .venv/bin/python bench/sync.py --hosts 1000 --backends sqlite --seconds 5
+    .venv/bin/python bench/sync.py --hosts 1000 --backends sqlite --bodies real --seconds 5
 """
 
 from __future__ import annotations
@@ -148,7 +160,7 @@ class Backend:
 
 def make_backend(name: str, workdir: Path) -> Backend | None:
     if name == "sqlite":
-        return Backend("sqlite", str(workdir / "bench.db"), [])
+        return Backend("sqlite", str(workdir / f"bench-{secrets.token_hex(4)}.db"), [])
     schema = f"gpumode_bench_{secrets.token_hex(4)}"
     try:
         admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
@@ -191,21 +203,51 @@ def drop_backend(backend: Backend) -> None:
         admin.dispose()
 
 
-def seed(url: str, hosts: int, gpus: int, batch: int = 1000) -> dict[str, str]:
-    """Create the fleet with bulk inserts of exactly the rows a join would leave (node, node token, cards);
-    joining 10,000 hosts one by one would take longer than the benchmark itself. Returns the node tokens."""
+@dataclass
+class Fleet:
+    """The hosts of one run: each host's token once seeded, and its two report bodies."""
+
+    kind: str  # "real" or "synthetic"
+    order: list[str]  # hosts in the fixed random order they report in
+    base: dict[str, bytes]  # what the server is seeded with; the unchanged report
+    changed: dict[str, bytes]  # the host after its change
+    shapes: dict[str, str] = field(default_factory=dict)  # host -> "fixture/change" (real bodies)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+
+def synthetic_fleet(names: list[str], gpus: int) -> Fleet:
+    return Fleet("synthetic", names, bodies(names, gpus, variant=0), bodies(names, gpus, variant=1))
+
+
+def real_fleet(names: list[str], cache: Path) -> Fleet:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bodies as agent_bodies  # bench/bodies.py, beside this script
+
+    shapes = agent_bodies.cached_shapes(cache)
+    hosts = agent_bodies.fleet(names, shapes)
+    return Fleet(
+        "real",
+        names,
+        {n: h.base for n, h in hosts.items()},
+        {n: h.changed for n, h in hosts.items()},
+        {n: f"{h.fixture}/{h.change}" for n, h in hosts.items()},
+    )
+
+
+def seed(url: str, fleet: Fleet, batch: int = 500) -> None:
+    """Create the fleet with bulk inserts of exactly the rows a join and its first report would leave (node
+    with its snapshot and VMs, node token, cards); joining thousands of hosts one by one would take longer
+    than the benchmark itself. No report digest is stored: the first pass is the bodies' first parse."""
     engine = db.make_engine(url)
     db.upgrade(engine)
     sessions = db.make_sessionmaker(engine)
-    template = snapshot("template", gpus).to_dict()
-    tokens: dict[str, str] = {}
     now = datetime.now(UTC)
-    for start in range(0, hosts, batch):
-        snaps = []
-        for i in range(start, min(hosts, start + batch)):
-            snap = HostSnapshot.from_dict({**template, "hostname": host_name(i)})
-            snap.fingerprint = snap.compute_fingerprint()
-            snaps.append(snap)
+    for start in range(0, len(fleet.order), batch):
+        snaps, reported_vms = [], {}
+        for name in fleet.order[start : start + batch]:
+            data = json.loads(fleet.base[name])
+            reported_vms[name] = data.pop("vms", None)
+            snaps.append(HostSnapshot.from_dict(data))
         with sessions.begin() as session:
             node_rows = [
                 {
@@ -215,8 +257,8 @@ def seed(url: str, hosts: int, gpus: int, batch: int = 1000) -> dict[str, str]:
                     "mode": sync.host_mode(s),
                     "driver_state": s.driver_state.value,
                     "gpu_count": len(s.gpus),
-                    "vms": vms(s.hostname, gpus),
-                    "vms_digest": vms_digest(vms(s.hostname, gpus)),
+                    "vms": reported_vms[s.hostname],
+                    "vms_digest": vms_digest(reported_vms[s.hostname]),
                     "created_at": now,
                     "changed_at": now,
                 }
@@ -226,7 +268,7 @@ def seed(url: str, hosts: int, gpus: int, batch: int = 1000) -> dict[str, str]:
             token_rows = []
             for s in snaps:
                 secret, digest = new_secret(TokenKind.NODE)
-                tokens[s.hostname] = secret
+                fleet.tokens[s.hostname] = secret
                 token_rows.append(
                     {
                         "name": f"node:{s.hostname}",
@@ -241,20 +283,34 @@ def seed(url: str, hosts: int, gpus: int, batch: int = 1000) -> dict[str, str]:
             session.execute(insert(ApiToken), token_rows)
             EmbeddedPlatform(session).register_cards([c for s in snaps for c in cards_for_snapshot(s)])
     engine.dispose()
-    return tokens
-
-
 
 
 # --- server and load ----------------------------------------------------------------------------------------
 
-# As ``gpumode server`` runs it: uvicorn's defaults pick uvloop and httptools when installed.
+# As ``gpumode server`` runs it: uvicorn's defaults pick uvloop and httptools when installed. With more than
+# one process, as ``gpumode server --workers N`` runs them: uvicorn's supervisor, one shared socket, each
+# worker building its app from the same settings (the factory is written beside the database, so that a
+# tree without ``--workers`` can be measured the same way).
 SERVER = """
-import sys, uvicorn
+import os, sys, uvicorn
+from gpumode.server.settings import Settings
+settings, port, processes = Settings(db=sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+options = dict(host="127.0.0.1", port=port, log_level="warning", access_log=False)
+if processes == 1:
+    from gpumode.server.app import create_app
+    uvicorn.run(create_app(settings), **options)
+else:
+    os.environ["GPUMODE_BENCH_SETTINGS"] = settings.model_dump_json()
+    sys.path.insert(0, sys.argv[4])
+    uvicorn.run("gpumode_bench_app:app", factory=True, workers=processes, **options)
+"""
+FACTORY = """
+import os
 from gpumode.server.app import create_app
 from gpumode.server.settings import Settings
-uvicorn.run(create_app(Settings(db=sys.argv[1])), host="127.0.0.1", port=int(sys.argv[2]),
-            log_level="warning", access_log=False)
+
+def app():
+    return create_app(Settings.model_validate_json(os.environ["GPUMODE_BENCH_SETTINGS"]))
 """
 
 
@@ -265,20 +321,35 @@ def free_port() -> int:
         return port
 
 
-def start_server(url: str, profile: list[str] | None) -> tuple[subprocess.Popen[bytes], int, int]:
-    """The server process, its port, and the pid whose CPU to count (the server's, also under a profiler)."""
+def start_server(
+    url: str, profile: list[str] | None, workdir: Path, processes: int = 1
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """The server process, its port, and the pid whose CPU to count (the server's, also under a profiler;
+    with its worker processes)."""
     port = free_port()
-    command = [sys.executable, "-c", SERVER, url, str(port)]
+    (workdir / "gpumode_bench_app.py").write_text(FACTORY)
+    command = [sys.executable, "-c", SERVER, url, str(port), str(processes), str(workdir)]
     proc = subprocess.Popen([*(profile or []), *command])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc, port, _server_pid(proc.pid) if profile else proc.pid
+                pid = _server_pid(proc.pid) if profile else proc.pid
+                # every worker up: each answers /healthz only once its app started
+                while len(_tree(pid)) < (1 if processes == 1 else processes + 1):
+                    time.sleep(0.2)
+                time.sleep(1.0 if processes > 1 else 0)
+                return proc, port, pid
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.terminate()
-    raise RuntimeError("server did not come up within 60 s")
+    raise RuntimeError("server did not come up within 90 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes], pid: int) -> None:
+    # Under a profiler, stop the server itself: the profiler then writes what it saw and exits.
+    os.kill(pid, signal.SIGTERM)
+    proc.wait(60)
 
 
 def _server_pid(parent: int) -> int:
@@ -287,10 +358,39 @@ def _server_pid(parent: int) -> int:
     return int(children[0]) if children else parent
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's worker processes)."""
+    found = [pid]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                found += _tree(int(child))
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process: the server's cost per report, whatever else shares the machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> dict[int, float]:
+    found = {}
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            found[p] = cpu_seconds(p)
+    return found
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of the server, all its processes."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total / 1024
 
 
 @dataclass
@@ -306,6 +406,8 @@ class Result:
     late_ms: list[float] = field(default_factory=list)
     server_cpu_s: float = 0.0
     database_cpu_s: float | None = None  # PostgreSQL's backends; None for SQLite
+    server_rss_mb: float = 0.0
+    processes: int = 1
 
     @property
     def done(self) -> int:
@@ -340,15 +442,16 @@ class Result:
 
 
 def generate(port: int, spec: dict[str, Any], pid: int, backend: Backend, workdir: Path) -> Result:
-    """Run the load generator in its own process and read its result; the server's and the database's CPU
-    are taken around it."""
+    """Run the load generator in its own process and read its result; the server's (all its processes) and
+    the database's CPU are taken around it."""
     jobs_file, result_file = workdir / "jobs.pickle", workdir / "result.json"
     with jobs_file.open("wb") as f:
         pickle.dump({"host": "127.0.0.1", "port": port, **spec}, f)
     db_before = database_cpu(backend)
-    before = cpu_seconds(pid)
+    before = tree_cpu_seconds(pid)
     subprocess.run([sys.executable, str(LOADGEN), str(jobs_file), str(result_file)], check=True)
-    server_cpu = cpu_seconds(pid) - before
+    after = tree_cpu_seconds(pid)
+    server_cpu = sum(cpu - before.get(p, 0.0) for p, cpu in after.items())
     db_after = database_cpu(backend)
     db_cpu = sum(cpu - db_before.get(p, 0.0) for p, cpu in db_after.items()) if backend.cleanup else None
     got = json.loads(result_file.read_text())
@@ -364,6 +467,8 @@ def generate(port: int, spec: dict[str, Any], pid: int, backend: Backend, workdi
         late_ms=got["late_ms"],
         server_cpu_s=server_cpu,
         database_cpu_s=db_cpu,
+        server_rss_mb=rss_mb(pid),
+        processes=len(after) - 1 if len(after) > 1 else 1,
     )
 
 
@@ -377,7 +482,7 @@ def request(name: str, token: str, body: bytes) -> bytes:
 
 
 def bodies(names: list[str], gpus: int, variant: int) -> dict[str, bytes]:
-    """Report bodies as an agent sends them: the snapshot's JSON with the host's VMs beside it."""
+    """Synthetic report bodies: the snapshot's JSON with the host's VMs beside it."""
     template = snapshot("template", gpus, variant=variant).to_dict()
     out = {}
     for name in names:
@@ -390,51 +495,82 @@ def bodies(names: list[str], gpus: int, variant: int) -> dict[str, bytes]:
 UNCHANGED, CHANGED = b'"changed":false', b'"changed":true'
 
 
-def run_backend(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Result] | None:
+def _fingerprint(body: bytes) -> str:
+    found: str = json.loads(body)["fingerprint"]
+    return found
+
+
+def run_backend(name: str, fleet: Fleet, args: argparse.Namespace, workdir: Path) -> dict[str, Result] | None:
     backend = make_backend(name, workdir)
     if backend is None:
         return None
     try:
         t0 = time.perf_counter()
-        tokens = seed(backend.url, args.hosts, args.gpus)
+        seed(backend.url, fleet)
         print(
-            f"{name}: seeded {args.hosts} hosts x {args.gpus} GPUs in {time.perf_counter() - t0:.1f} s",
+            f"{name}/{fleet.kind}: seeded {len(fleet.order)} hosts in {time.perf_counter() - t0:.1f} s",
             file=sys.stderr,
         )
-        order = sorted(tokens)
-        random.Random(7).shuffle(order)  # hosts report in a fixed random order, each at most once per cycle
-        same = bodies(order, args.gpus, variant=0)
+        order, tokens = fleet.order, fleet.tokens
         profile = None
         if args.py_spy:
-            out = Path(args.profile_dir) / f"{name}.txt"
+            out = Path(args.profile_dir) / f"{name}-{fleet.kind}.txt"
             options = ["--nonblocking", "--gil", "--format", "raw", "--rate", "100", "-o", str(out)]
             profile = [args.py_spy, "record", *options, "--"]
-        proc, port, pid = start_server(backend.url, profile)
+        plain = {n: request(n, tokens[n], fleet.base[n]) for n in order}  # shared: pickled once each
+        other = {n: request(n, tokens[n], fleet.changed[n]) for n in order}
+        # A change of VMs only is answered "changed": false (VMs are not hardware).
+        expect = {
+            n: CHANGED if _fingerprint(fleet.base[n]) != _fingerprint(fleet.changed[n]) else UNCHANGED
+            for n in order
+        }
+        first = [(plain[n], UNCHANGED) for n in order]
+        closed8 = {"mode": "closed", "jobs": first, "conns": 8, "seconds": 600}
         results: dict[str, Result] = {}
+        proc, port, pid = start_server(backend.url, profile, workdir)
         try:
-            # Every host once: the server process sees each body for the first time.
-            plain = {n: request(n, tokens[n], same[n]) for n in order}  # shared: pickled once each
-            first = [(plain[n], UNCHANGED) for n in order]
-            results["first pass"] = generate(
-                port, {"mode": "closed", "jobs": first, "conns": 8, "seconds": 600}, pid, backend, workdir
-            )
+            results["first pass, new bodies"] = generate(port, closed8, pid, backend, workdir)
+        finally:
+            stop_server(proc, pid)
+        proc, port, pid = start_server(backend.url, profile, workdir)
+        state: dict[str, int] = {}  # which of its two bodies each host sent last (0: base)
+
+        def flips(count: int) -> list[tuple[bytes, bytes]]:
+            """Each host's next body, in turn; ``sent`` tells how many the server really got."""
+            jobs, sending = [], dict(state)
+            for n in _cycle(order, count):
+                sending[n] = 1 - sending.get(n, 0)
+                jobs.append((other[n] if sending[n] else plain[n], expect[n]))
+            return jobs
+
+        def sent(result: Result) -> Result:
+            for n in _cycle(order, result.done):
+                state[n] = 1 - state.get(n, 0)
+            return result
+
+        try:
+            results["first pass"] = generate(port, closed8, pid, backend, workdir)
             steady = [(plain[n], UNCHANGED) for n in _cycle(order, _count(args, args.rate))]
             results["unchanged"] = generate(port, _spec(args, steady, args.rate), pid, backend, workdir)
-            # Changed: each host flips 0 -> 1 -> 0 ...; one cycle through the fleet apart.
-            flipped = bodies(order, args.gpus, variant=1)
-            other = {n: request(n, tokens[n], flipped[n]) for n in order}
-            state: dict[str, int] = {}
-            changed = []
-            for n in _cycle(order, _count(args, args.changed_rate)):
-                state[n] = 1 - state.get(n, 0)
-                changed.append((other[n] if state[n] else plain[n], CHANGED))
-            results["changed"] = generate(
-                port, _spec(args, changed, args.changed_rate), pid, backend, workdir
+            changed = flips(_count(args, args.changed_rate))
+            results["changed"] = sent(
+                generate(port, _spec(args, changed, args.changed_rate), pid, backend, workdir)
             )
         finally:
-            # Under a profiler, stop the server itself: the profiler then writes what it saw and exits.
-            os.kill(pid, signal.SIGTERM)
-            proc.wait(30)
+            stop_server(proc, pid)
+        if backend.cleanup:  # PostgreSQL: N server processes sharing the fleet
+            for processes in args.processes:
+                proc, port, pid = start_server(backend.url, None, workdir, processes)
+                try:
+                    spec = {
+                        "mode": "closed",
+                        "jobs": flips(round(CLOSED_MAX_RATE * args.seconds)),
+                        "conns": args.concurrency,
+                        "seconds": args.seconds,
+                    }
+                    results[f"changed x{processes}"] = sent(generate(port, spec, pid, backend, workdir))
+                finally:
+                    stop_server(proc, pid)
         return results
     finally:
         drop_backend(backend)
@@ -457,18 +593,20 @@ def _spec(args: argparse.Namespace, jobs: list[tuple[bytes, bytes]], rate: float
     return {"mode": "open", "jobs": jobs, "rate": rate, "conns": 512, "warm_conns": 64, "drain": 30.0}
 
 
+SCENARIOS = ("first pass, new bodies", "first pass", "unchanged", "changed")
+
+
 def report(results: dict[str, dict[str, Result]], args: argparse.Namespace, loads: list[str]) -> bool:
-    columns = [(b, s) for b in results for s in ("unchanged", "changed")]
+    """One table: a column per database, body kind and scenario; then the process counts; then targets."""
+    columns = [(run, s) for run in results for s in SCENARIOS if s in results[run]]
     print()
     print(f"cores: {os.cpu_count()}; load average (1/5/15 min) " + "; ".join(loads))
-    print(f"{'':26}" + "".join(f"{b + ' ' + s:>22}" for b, s in columns))
     rows: tuple[tuple[str, Callable[[Result], str]], ...] = (
-        ("loop", lambda r: "open" if r.mode == "open" else f"closed x{args.concurrency}"),
+        ("loop", lambda r: "open" if r.mode == "open" else "closed"),
         ("offered reports/s", lambda r: f"{r.offered:.0f}" if r.mode == "open" else "max"),
         ("achieved reports/s", lambda r: f"{r.achieved:.0f}"),
         ("reports (errors)", lambda r: f"{r.done} ({r.errors})"),
         ("p50 ms", lambda r: f"{r.pct(50):.1f}"),
-        ("p90 ms", lambda r: f"{r.pct(90):.1f}"),
         ("p99 ms", lambda r: f"{r.pct(99):.1f}"),
         ("max ms", lambda r: f"{max(r.latencies_ms, default=0):.1f}"),
         ("server CPU ms/report", lambda r: f"{r.per_report_ms(r.server_cpu_s):.2f}"),
@@ -478,22 +616,41 @@ def report(results: dict[str, dict[str, Result]], args: argparse.Namespace, load
         ),
         ("generator CPU ms/report", lambda r: f"{r.per_report_ms(r.generator_cpu_s):.2f}"),
         ("generator late p99 ms", lambda r: f"{r.pct(99, r.late_ms):.1f}" if r.late_ms else "-"),
+        ("server RSS MB", lambda r: f"{r.server_rss_mb:.0f}"),
     )
-    for label, value in rows:
-        print(f"{label:26}" + "".join(f"{value(results[b][s]):>22}" for b, s in columns))
+    width = 24
+    for chunk in range(0, len(columns), 4):
+        part = columns[chunk : chunk + 4]
+        print()
+        print(f"{'':27}" + "".join(f"{run:>{width}}" for run, _ in part))
+        print(f"{'':27}" + "".join(f"{s:>{width}}" for _, s in part))
+        for label, value in rows:
+            print(f"{label:27}" + "".join(f"{value(results[run][s]):>{width}}" for run, s in part))
+    scaled = [
+        (run, s, r) for run, per in results.items() for s, r in per.items() if s.startswith("changed x")
+    ]
+    if scaled:
+        print()
+        print(
+            f"changed reports, closed loop x{args.concurrency}, `gpumode server --workers N` on PostgreSQL:"
+        )
+        print(
+            f"{'':22}{'processes':>10}{'reports/s':>11}{'per process':>13}{'p99 ms':>9}"
+            f"{'server CPU ms':>15}{'postgres CPU ms':>17}{'errors':>8}"
+        )
+        for run, s, r in scaled:
+            n = int(s.rsplit("x", 1)[1])
+            db_ms = "-" if r.database_cpu_s is None else f"{r.per_report_ms(r.database_cpu_s):.2f}"
+            print(
+                f"{run:22}{n:>10}{r.achieved:>11.0f}{r.achieved / n:>13.0f}{r.pct(99):>9.1f}"
+                f"{r.per_report_ms(r.server_cpu_s):>15.2f}{db_ms:>17}{r.errors:>8}"
+            )
     print()
     ok = True
-    for b, per in results.items():
-        first = per["first pass"]
-        cpu = first.per_report_ms(first.server_cpu_s)
-        print(
-            f"{b}: first pass after start ({first.done} hosts, closed x8): {first.achieved:.0f} reports/s, "
-            f"p99 {first.pct(99):.1f} ms, server CPU {cpu:.2f} ms/report, {first.errors} errors"
-        )
-    for b, per in results.items():
+    for run, per in results.items():
         r = per["unchanged"]
         target = (
-            f"{b}: unchanged target ({TARGET_RPS:.0f}/s open loop, p99 < {TARGET_P99_MS:.0f} ms, no errors)"
+            f"{run}: unchanged target ({TARGET_RPS:.0f}/s open loop, p99 < {TARGET_P99_MS:.0f} ms, no errors)"
         )
         if args.closed:
             print(f"{target}: not measured by a closed loop (run without --closed)")
@@ -515,26 +672,50 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--hosts", type=int, default=10_000)
-    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--hosts", type=int, default=2_000)
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per synthetic host")
+    parser.add_argument("--bodies", default="real,synthetic", help="real (emulated fixtures), synthetic")
     parser.add_argument("--rate", type=float, default=TARGET_RPS, help="unchanged reports/s (open loop)")
     parser.add_argument("--changed-rate", type=float, default=50.0, help="changed reports/s (open loop)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each scenario")
     parser.add_argument("--closed", action="store_true", help="closed loop: maximum throughput")
     parser.add_argument("--concurrency", type=int, default=16, help="clients in closed-loop runs")
     parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument(
+        "--processes", default="1,2,4", help="server processes to compare on PostgreSQL ('' for none)"
+    )
+    parser.add_argument(
+        "--cache",
+        default=str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpumode-bench"),
+        help="where the real bodies are kept between runs",
+    )
     parser.add_argument("--py-spy", help="profile the server with this py-spy binary (slows it down)")
-    parser.add_argument("--profile-dir", default=".", help="where py-spy writes <backend>.txt")
+    parser.add_argument("--profile-dir", default=".", help="where py-spy writes <backend>-<bodies>.txt")
     args = parser.parse_args()
+    args.processes = [int(p) for p in args.processes.split(",") if p.strip()]
     print(f"command: {' '.join(sys.argv)}", file=sys.stderr)
+    names = [host_name(i) for i in range(args.hosts)]
+    random.Random(7).shuffle(names)  # hosts report in a fixed random order, each at most once per cycle
     results: dict[str, dict[str, Result]] = {}
     loads = []
     with tempfile.TemporaryDirectory(prefix="gpumode-bench-") as tmp:
-        for name in args.backends.split(","):
-            loads.append(f"{name.strip()} start {loadavg()}")
-            got = run_backend(name.strip(), args, Path(tmp))
-            if got is not None:
-                results[name.strip()] = got
+        for kind in [k.strip() for k in args.bodies.split(",") if k.strip()]:
+            t0 = time.perf_counter()
+            fleet = (
+                real_fleet(names, Path(args.cache)) if kind == "real" else synthetic_fleet(names, args.gpus)
+            )
+            sizes = sorted(len(b) for b in fleet.base.values())
+            print(
+                f"{kind} bodies: {len(names)} hosts, {sizes[len(sizes) // 2] / 1024:.0f} KB median, "
+                f"{sizes[-1] / 1024:.0f} KB largest, made in {time.perf_counter() - t0:.1f} s",
+                file=sys.stderr,
+            )
+            for name in [b.strip() for b in args.backends.split(",") if b.strip()]:
+                loads.append(f"{name}/{kind} start {loadavg()}")
+                fleet.tokens = {}
+                got = run_backend(name, fleet, args, Path(tmp))
+                if got is not None:
+                    results[f"{name} {kind}"] = got
     loads.append(f"end {loadavg()}")
     if not results:
         return 2

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from gpumode.server.settings import Settings
 
 
@@ -19,6 +22,9 @@ def server(
     init: bool = typer.Option(False, "--init", help="Create/upgrade the database and print an admin token"),
     join_uses: int = typer.Option(
         1, "--join-uses", min=1, max=100_000, help="With --init: how many hosts may join with its join token"
+    ),
+    workers: int = typer.Option(
+        1, "--workers", min=1, max=64, help="Server processes sharing the port (PostgreSQL; see docs/api.md)"
     ),
 ) -> None:
     """Run the gpumode server (settings: options > GPUMODE_* environment > --config file > defaults)."""
@@ -35,9 +41,42 @@ def server(
         return
     import uvicorn
 
+    if workers > 1:
+        from gpumode.server.db import DatabaseUrlError, database_url
+
+        try:
+            backend = database_url(settings.db).get_backend_name()
+        except DatabaseUrlError as exc:
+            typer.echo(f"gpumode server: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        if backend != "postgresql":
+            typer.echo("gpumode server: --workers needs PostgreSQL (--db postgresql+psycopg://...)", err=True)
+            raise typer.Exit(2)
+        # Each worker builds its own app from the same settings: stateless processes, the database between.
+        os.environ[_WORKER_SETTINGS] = settings.model_dump_json()
+        uvicorn.run(
+            f"{__name__}:worker_app",
+            factory=True,
+            workers=workers,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+        )
+        return
     from gpumode.server.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+_WORKER_SETTINGS = "GPUMODE_WORKER_SETTINGS"
+
+
+def worker_app() -> FastAPI:
+    """The app of one ``--workers`` process, from the settings its parent resolved."""
+    from gpumode.server.app import create_app
+    from gpumode.server.settings import Settings
+
+    return create_app(Settings.model_validate_json(os.environ[_WORKER_SETTINGS]))
 
 
 def _init(settings: Settings, join_uses: int) -> None:

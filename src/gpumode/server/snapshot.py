@@ -229,7 +229,7 @@ class SnapshotIn(_Strict):
     vms: Annotated[list[VmIn], Field(max_length=4096)] | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
-    _snapshot: HostSnapshot = PrivateAttr()
+    _snapshot: HostSnapshot | None = PrivateAttr(default=None)
     _stored: dict[str, Any] = PrivateAttr()
 
     @field_validator("schema_")
@@ -259,7 +259,7 @@ class SnapshotIn(_Strict):
             raise ValueError(f"gpus: {', '.join(missing)} not listed in functions")
         # Parsed once: the dump has the snapshot's ``to_dict()`` form (the models mirror the dataclasses field
         # for field, defaults filled in), so it is what is fingerprinted and stored, and the domain snapshot
-        # is built from it.
+        # is built from it when asked for (an unchanged report needs only the fingerprint).
         stored = self.model_dump(by_alias=True, mode="python", exclude={"vms"})
         computed = fingerprint_of(stored)
         if self.fingerprint and self.fingerprint != computed:
@@ -269,15 +269,22 @@ class SnapshotIn(_Strict):
             )
         stored["fingerprint"] = computed
         self._stored = stored
-        self._snapshot = HostSnapshot.from_dict(stored)
         return self
 
     def vms_json(self) -> list[dict[str, Any]] | None:
         """The reported VMs as stored (``None``: the agent did not report them)."""
         return None if self.vms is None else [vm.model_dump() for vm in self.vms]
 
+    @property
+    def checked_fingerprint(self) -> str:
+        """The snapshot's fingerprint: the agent's, checked, or computed when it sent none."""
+        fingerprint: str = self._stored["fingerprint"]
+        return fingerprint
+
     def to_domain(self) -> HostSnapshot:
         """The domain snapshot, its fingerprint checked (or filled in when the agent sent none)."""
+        if self._snapshot is None:
+            self._snapshot = HostSnapshot.from_dict(self._stored)
         return self._snapshot
 
     def stored_form(self) -> dict[str, Any]:

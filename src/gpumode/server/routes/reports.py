@@ -112,8 +112,8 @@ def _report(
     if inline:
         return None
     parsed = _parse(body, name)
-    snapshot, vms = parsed.to_domain(), parsed.vms_json()
-    fingerprint, reported_vms = snapshot.fingerprint, vms_digest(vms)
+    vms = parsed.vms_json()
+    fingerprint, reported_vms = parsed.checked_fingerprint, vms_digest(vms)
     if stored_fingerprint == fingerprint and reported_vms in (None, stored_vms):
         # Nothing new, in bytes not seen before (a first report after joining, an upgraded agent): remember
         # the body, but only while the database still holds what it says.
@@ -142,7 +142,7 @@ def _report(
                 audit.skip(request)
             state.metrics.observe_report("unchanged", time.perf_counter() - started)
             return _answer(ReportResponse(node=name, changed=False, fingerprint=fingerprint))
-        stored = parsed.stored_form()
+        snapshot, stored = parsed.to_domain(), parsed.stored_form()
         result = sync.apply_snapshot(session, platform, snapshot, now=now, node=node, stored=stored)[1]
         node.report_digest = digest  # after the snapshot and the VMs, which clear it
         held = card_holders.follow_vms(platform, name, node.vms, now)  # new cards may be a VM's already
@@ -196,14 +196,13 @@ def _parse(body: bytes, name: str) -> SnapshotIn:
     where it is."""
     try:
         parsed = SnapshotIn.model_validate_json(body)
-        snapshot = parsed.to_domain()
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
         ) from exc
-    if snapshot.hostname != name:
+    if parsed.hostname != name:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"snapshot is for {snapshot.hostname!r}, reported to node {name!r}",
+            f"snapshot is for {parsed.hostname!r}, reported to node {name!r}",
         )
     return parsed

@@ -93,3 +93,21 @@ def test_cli_bad_config_exits_2(tmp_path: Path) -> None:
     bad.write_text("nope = 1\n")
     result = CliRunner().invoke(cli, ["server", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown setting(s) nope" in result.output
+
+
+def test_cli_workers_need_postgresql(tmp_path: Path) -> None:
+    """Several processes on one SQLite file would serialise on its lock: refused before anything starts."""
+    path = tmp_path / "gpumode.db"
+    result = CliRunner().invoke(cli, ["server", "--db", str(path), "--workers", "2"])
+    assert result.exit_code == 2 and "--workers needs PostgreSQL" in result.output
+    assert not path.exists()
+
+
+def test_worker_app_takes_the_settings_its_parent_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumode.cli import server as server_cli
+
+    settings = load_settings(None, db="postgresql+psycopg://gpumode@db/gpumode", port=9300)
+    monkeypatch.setenv("GPUMODE_WORKER_SETTINGS", settings.model_dump_json())
+    app = server_cli.worker_app()
+    assert app.state.gpumode.settings.model_dump() == settings.model_dump()
+    app.state.gpumode.engine.dispose()

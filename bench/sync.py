@@ -716,6 +716,9 @@ def main() -> int:
                 got = run_backend(name, fleet, args, Path(tmp))
                 if got is not None:
                     results[f"{name} {kind}"] = got
+                    print(f"--- {name} {kind} (all runs together at the end)")
+                    report({f"{name} {kind}": got}, args, [*loads, f"now {loadavg()}"])
+                    sys.stdout.flush()
     loads.append(f"end {loadavg()}")
     if not results:
         return 2

@@ -19,7 +19,7 @@ from server.builders import host
 
 from .conftest import Server
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # two server processes: ~10-40 s
 JOINS = 20
 
 

@@ -22,6 +22,7 @@ def _node_token_ids(server: Server) -> list[int]:
     return [t["id"] for t in server.get("/tokens") if t["node"] == NODE and not t["revoked"]]
 
 
+@pytest.mark.slow  # two agent starts and a server: ~45 s
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_revoked_agent_waits_and_recovers_with_a_new_token(
     server: Server, agents: Callable[[Host], Agent], tmp_path: Path

@@ -59,7 +59,7 @@ def test_demo_runs_to_the_end_and_the_inventory_matches_the_hosts(tmp_path: Path
         assert len(vgpu_cards) == 16 and {c["kind"] for c in vgpu_cards} == {"vgpu"}
         assert discover(hosts["rtx-workstation"]).gpus == []
         lost = api.get("/cards", params={"status": "lost"}).json()
-        assert [(c["node"], c["holder"]) for c in lost] == [("ws-cad-12", "win11-cad")]
+        assert [(c["node"], c["holder"]) for c in lost] == [("ws-cad-12", "vm:win11-cad")]
         alarms = api.get("/events", params={"kind": "alarm.card_lost"}).json()
         assert [e["node"] for e in alarms] == ["ws-cad-12"]
         assert [j["state"] for j in api.get("/jobs").json()] == ["succeeded"]

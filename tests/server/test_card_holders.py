@@ -93,3 +93,23 @@ def test_the_plan_counts_the_vgpus_it_will_register(api: Api) -> None:
     assert r.status_code == 200, r.text
     step = next(s for s in r.json()["plan"]["steps"] if s["action"] == "cloud.register_cards")
     assert step["description"] == "register 8 vgpu card(s) on 2 GPU(s)"
+
+
+def test_a_vms_card_a_switch_takes_away_is_removed_not_lost(api: Api) -> None:
+    """The plan's impact named the VM; the card is not an unplanned loss, and the new card is the VM's."""
+    gpu0 = "0000:1b:00.0"
+    snap = {**host("n1", 2).to_dict(), "vms": [_vm("vm-x", False, ("pci", gpu0))]}
+    r = api.call("POST", "/agents/join", api.join_token(), json={"hostname": "n1", "snapshot": snap})
+    token = r.json()["token"]
+    assert _cards(api, "n1")[gpu0] == ("reserved", "vm:vm-x")
+    assert switch(api, "n1", {**PASSTHROUGH, "vm_policy": "all"}).status_code == 201
+    job = claim(api, "n1", token)
+    assert finish_host(api, "n1", token, job, Mode.PASSTHROUGH).status_code == 200
+    assert api.cards(status="lost") == [] and api.events(kind="alarm.card_lost") == []
+    removed = [e for e in api.events(kind="card.removed") if e["target"] == gpu0]
+    assert len(removed) == 1 and removed[0]["severity"] == "warning"
+    assert f"removed by switch job {job['id']}; it was reserved for vm:vm-x" in removed[0]["message"]
+    cards = api.cards(node="n1")
+    assert {(c["device"], c["kind"], c["status"], c["holder"]) for c in cards if c["device"] == gpu0} == {
+        (gpu0, "passthrough", "reserved", "vm:vm-x")
+    }

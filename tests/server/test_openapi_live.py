@@ -101,6 +101,7 @@ def _fuzz(operation: Any, base_url: str, headers: dict[str, str], sent: list[int
     run()
 
 
+@pytest.mark.slow  # ~750 requests over 38 operations: ~45-60 s
 def test_every_operation_answers_as_documented(live_schema: Any, live: tuple[LocalServer, str]) -> None:
     server, admin = live
     operations = [result.ok() for result in live_schema.get_all_operations()]

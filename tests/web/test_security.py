@@ -70,3 +70,17 @@ def test_an_admin_lists_sessions_per_user_and_ends_one(dash: Dash) -> None:
     assert dash.client.get("/ui/", follow_redirects=False).status_code == 303
     dash.client.cookies.set(COOKIE, admin_cookie)
     assert dash.client.get("/ui/", follow_redirects=False).status_code == 200
+
+
+def test_sessions_are_listed_and_ended_over_the_api_by_admins_only(dash: Dash) -> None:
+    viewer = dash.token("viewer", "api-watcher")
+    dash.sign_in(viewer)
+    cookie = dash.client.cookies[COOKIE]
+    assert dash.api("GET", "/sessions", viewer).status_code == 403  # type: ignore[attr-defined]
+    listed = dash.api("GET", "/sessions").json()  # type: ignore[attr-defined]
+    mine = [s for s in listed if s["user"] == "api-watcher"]
+    assert len(mine) == 1 and mine[0]["role"] == "viewer"
+    assert dash.api("DELETE", f"/sessions/{mine[0]['id']}").status_code == 204  # type: ignore[attr-defined]
+    assert dash.api("DELETE", f"/sessions/{mine[0]['id']}").status_code == 404  # type: ignore[attr-defined]
+    dash.client.cookies.set(COOKIE, cookie)
+    assert dash.client.get("/ui/", follow_redirects=False).status_code == 303

@@ -22,6 +22,7 @@ from gpumode.server.metrics import Metrics
 from gpumode.server.responses import AUTHENTICATED
 from gpumode.server.routes import agents, cards, events, health, modes, nodes, reports, tokens, work
 from gpumode.server.routes import jobs as job_routes
+from gpumode.server.routes import sessions as session_routes
 from gpumode.server.settings import Settings
 from gpumode.server.state import ServerState, select_platform
 from gpumode.server.switch import recovery, rollouts
@@ -61,7 +62,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     )
     app.state.gpumode = state
     state.metrics.registry.register(JobsCollector(sessions))
-    for module in (agents, nodes, reports, cards, modes, events, tokens, job_routes, work):
+    for module in (agents, nodes, reports, cards, modes, events, tokens, session_routes, job_routes, work):
         app.include_router(module.router, prefix=API, responses=AUTHENTICATED)
     app.include_router(health.router)
     web.install(app)  # the dashboard under /ui (docs/dashboard.md)

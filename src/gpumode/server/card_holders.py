@@ -16,9 +16,7 @@ from typing import Any
 
 from gpumode.cloud.base import HELD_STATUSES, Card, CardStatus, CloudPlatform
 from gpumode.server.models import Event
-from gpumode.server.sync import Severity, make_event
-
-VM_HOLDER = "vm:"
+from gpumode.server.sync import VM_HOLDER, Severity, make_event
 
 
 def holders(vms: list[dict[str, Any]]) -> dict[str, tuple[str, bool]]:

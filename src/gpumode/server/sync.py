@@ -36,6 +36,9 @@ from gpumode.domain import HostSnapshot, Mode
 from gpumode.server import gpu_index
 from gpumode.server.models import ACTIVE_JOB_STATES, Event, Job, Node
 
+# The holder of a card the hypervisor holds: a VM defined on the host (gpumode.server.card_holders).
+VM_HOLDER = "vm:"
+
 
 class Severity:
     INFO = "info"
@@ -266,7 +269,9 @@ def _reconcile_cards(
                 )
             continue
         reason = (gone or "device gone") if spec is None else "device changed"
-        if card.status in HELD_STATUSES:
+        # A VM's hold on a device a switch took away was in the plan's impact (its VMs stop): not a loss.
+        planned = gone is not None and spec is None and (card.holder or "").startswith(VM_HOLDER)
+        if card.status in HELD_STATUSES and not planned:
             platform.update_card(card.id, status=CardStatus.LOST)
             result.cards_lost += 1
             result.events.append(
@@ -288,9 +293,10 @@ def _reconcile_cards(
                 make_event(
                     node,
                     "card.removed",
-                    Severity.INFO,
+                    Severity.WARNING if planned else Severity.INFO,
                     card.device,
-                    f"{card.kind.value} card {card.id} ({card.device}) removed: {reason}",
+                    f"{card.kind.value} card {card.id} ({card.device}) removed: {reason}"
+                    + (f"; it was {card.status.value} for {card.holder}" if planned else ""),
                     now,
                     before=_card(card),
                     after=_spec(spec),

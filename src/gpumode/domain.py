@@ -30,6 +30,7 @@ class Mode(StrEnum):
     VGPU = "vgpu"
     PASSTHROUGH = "passthrough"
     NONE = "none"
+    UNKNOWN = "unknown"  # on nvidia, but which build could not be told (conflicting or no evidence)
 
 
 class DriverState(StrEnum):
@@ -40,6 +41,7 @@ class DriverState(StrEnum):
     VFIO = "vfio"  # every GPU is on vfio-pci
     NONE = "none"  # no GPU has a driver
     MIXED = "mixed"  # GPUs are split between the above
+    UNKNOWN = "unknown"  # a GPU's mode could not be told (see the problems)
 
 
 class Flavour(StrEnum):

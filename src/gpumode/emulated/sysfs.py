@@ -33,7 +33,7 @@ from gpumode.emulated.state import Device, KernelState
 
 CPUS_PER_NODE = 32
 NUMA_NODES = 2
-MDEV_DRIVER = "nvidia_vgpu_vfio"  # name of NVIDIA's mdev_driver on new kernels: NOT VERIFIED
+MDEV_DRIVER = "nvidia-vgpu-vfio"  # NVIDIA's mdev_driver as sysfs names it (the module is nvidia_vgpu_vfio)
 RESOURCE_LINES = 13
 MEM_FLAGS = 0x40200
 MEMO_LIMIT = 4096  # device fragments kept (~14 KB each); past it the memo starts over (tests make many hosts)

@@ -34,7 +34,14 @@ from gpumode.domain import (
     VmPolicy,
 )
 from gpumode.modes.catalog import Catalog, FlavourSpec
-from gpumode.modes.policy import RequestError, Resolved, VgpuChoice, Whitelist, resolve_request
+from gpumode.modes.policy import (
+    RequestError,
+    Resolved,
+    VgpuChoice,
+    Whitelist,
+    model_of,
+    resolve_request,
+)
 
 VFIO_DRIVER = "vfio-pci"
 VFIO_MODULE = "vfio_pci"
@@ -634,7 +641,7 @@ class _Planner:
     def _alias(self, gpu: Gpu) -> str:
         if self.res.request.passthrough_alias:
             return self.res.request.passthrough_alias.strip()
-        model = self.catalog.model(gpu.device)
+        model = model_of(self.snap, gpu, self.catalog)
         return model.alias if model is not None else f"10de-{gpu.device:04x}"
 
 

@@ -447,6 +447,7 @@ class Impact:
     driver_change: bool = False
     reboot_required: bool = False
     estimated_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the plan could not consider, e.g. no hypervisor
 
 
 @dataclass(slots=True)

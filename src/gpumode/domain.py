@@ -197,6 +197,7 @@ class PciFunction:
     mdevs: list[Mdev] = field(default_factory=list)
     vendor_vgpu: VendorVgpu | None = None
     consumers: list[str] = field(default_factory=list)  # ``consumer:pci:`` device links
+    boot_vga: bool | None = None  # ``boot_vga`` (VGA class only): the firmware console is on it; None: none
 
     @property
     def is_vf(self) -> bool:
@@ -358,11 +359,15 @@ class HostSnapshot:
 # Fields added to v1 after agents shipped without them: an older agent's JSON lacks them, and its fingerprint
 # (of what it sent) must still be the fingerprint of the snapshot the server rebuilds with their defaults.
 _SRIOV_ADDITIONS = ("offset", "stride")
+_FUNCTION_ADDITIONS = ("boot_vga",)
 
 
 def _drop_unset_additions(body: dict[str, Any]) -> None:
     """Leave additions that hold their default (None) out of the canonical form the fingerprint hashes."""
     for fn in body["functions"]:
+        for key in _FUNCTION_ADDITIONS:
+            if fn.get(key) is None:
+                fn.pop(key, None)
         sriov = fn.get("sriov")
         if sriov:
             for key in _SRIOV_ADDITIONS:
@@ -415,6 +420,7 @@ class SwitchRequest:
     passthrough_alias: str | None = None
     vm_policy: VmPolicy = VmPolicy.GPU
     restart_vms: bool = True  # after the host steps, start again the VMs it shut down that keep their devices
+    allow_boot_vga: bool = False  # passthrough may take the boot display GPU (its console goes dark)
 
 
 @dataclass(slots=True)

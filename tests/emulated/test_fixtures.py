@@ -160,7 +160,8 @@ def test_rtx_workstation_shares_one_iommu_group(built: dict[str, Host]) -> None:
     group = host.path("sys/bus/pci/devices/0000:01:00.0/iommu_group").resolve()
     members = sorted(os.listdir(group / "devices"))
     assert members == ["0000:00:01.0", "0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"]
-    assert os.path.lexists(host.path("sys/bus/pci/devices/0000:01:00.0/consumer:pci:0000:01:00.1"))
+    for fn in ("0000:01:00.1", "0000:01:00.2", "0000:01:00.3"):  # audio, USB, UCSI: all linked to the GPU
+        assert os.path.lexists(host.path(f"sys/bus/pci/devices/0000:01:00.0/consumer:pci:{fn}"))
     for fn in members[1:]:
         assert driver_of(host, fn) == "vfio-pci"
         assert host.path("sys/bus/pci/devices", fn, "driver_override").read_text() == "vfio-pci\n"
@@ -225,3 +226,36 @@ def test_cli_list_and_create(tmp_path: Path) -> None:
     assert made.exit_code == 0, made.output
     assert f"gpumode discover --root {tmp_path / 'ws'}" in made.output
     assert Host(tmp_path / "ws").emulated
+
+
+@pytest.mark.skipif(LSPCI is None, reason="pciutils (lspci) is not installed")
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_lspci_reads_the_capabilities_of_every_gpu(built: dict[str, Host], name: str) -> None:
+    """PCI Express, power management and MSI-X on every GPU; SR-IOV (with NVIDIA's offset 4, stride 1) on
+    every GPU whose model has the capability."""
+    host = built[name]
+    spec = get_fixture(name)
+    for dev in (d for d in spec.devices if d.address in gpu_addresses(spec)):
+        out = subprocess.run(
+            [
+                str(LSPCI),
+                "-vvv",
+                "-s",
+                dev.address,
+                "-A",
+                "linux-sysfs",
+                "-O",
+                f"sysfs.path={host.root}/sys/bus/pci",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "Express (v2) Endpoint" in out and "MSI-X: Enable- Count=10" in out, out
+        assert "Power Management version 3" in out
+        model = spec.gpu_models[dev.gpu_model or ""]
+        if model.sriov_total_vfs:
+            assert "Single Root I/O Virtualization (SR-IOV)" in out
+            assert f"Total VFs: {model.sriov_total_vfs}," in out and "VF offset: 4, stride: 1" in out
+        else:
+            assert "SR-IOV" not in out

@@ -70,3 +70,15 @@ def test_a_function_that_vanishes_mid_read_is_dropped_and_reported(
     assert f"sys/bus/pci/devices/{usb}: vanished while being read (hot-removed?); dropped" in snap.problems
     assert not any(f.vendor < 0 for f in snap.functions)
     assert not any(p.startswith(f"sys/bus/pci/devices/{usb}/") for p in snap.problems)
+
+
+def test_boot_vga_is_read(host_templates: HostTemplates, tmp_path: Path) -> None:
+    root = _copy(host_templates, "rtx-workstation", tmp_path)
+    gpu = "0000:01:00.0"
+    assert discover(root).function(gpu).boot_vga is False  # type: ignore[union-attr]
+    attr = root / "sys/bus/pci/devices" / gpu / "boot_vga"
+    attr.unlink()
+    attr.write_text("1\n")  # the firmware put its console on this GPU
+    snap = discover(root)
+    assert snap.function(gpu).boot_vga is True  # type: ignore[union-attr]
+    assert snap.function("0000:01:00.1").boot_vga is None  # type: ignore[union-attr]  # audio: no such file

@@ -107,7 +107,11 @@ def test_none_to_vgpu_on_turing_creates_mdevs_on_the_pf() -> None:
         "bind.host",
         "service.start",
         "service.start",
-        *["vgpu.create"] * 8,
+        # the types came from the catalog: each GPU checks them on the host before it creates any
+        "vgpu.resolve",
+        *["vgpu.create"] * 4,
+        "vgpu.resolve",
+        *["vgpu.create"] * 4,
     ]
     creates = steps_of(p, "vgpu.create")
     assert creates[0].target == G1
@@ -153,7 +157,7 @@ def test_accel_to_vgpu_tears_down_datacenter_and_carves_vfs() -> None:
         "sriov.enable",  # before nvidia-vgpu-mgr opens the GPUs
         "service.start",
         "service.start",
-        *["vgpu.create"] * 4,
+        *["vgpu.resolve", "vgpu.create", "vgpu.create"] * 2,
     ]
     assert [s.target for s in steps_of(p, "service.stop")] == [
         "nvidia-fabricmanager.service",
@@ -198,10 +202,11 @@ def test_accel_to_vgpu_on_an_a16_names_the_vfs_before_they_exist() -> None:
     it) names them by where the kernel will put them."""
     snap = a16_accel()
     p = plan(snap, request(Mode.VGPU, vgpu_type="NVIDIA A16-4Q", vgpu_count=2))
-    assert actions(p)[-5:] == [
+    assert actions(p)[-6:] == [
         "sriov.enable",
         "service.start",
         "service.start",
+        "vgpu.resolve",
         "vgpu.create",
         "vgpu.create",
     ]
@@ -389,6 +394,7 @@ def test_passthrough_to_vgpu_installs_the_vgpu_manager_when_the_host_has_none() 
         "sriov.enable",
         "service.start",
         "service.start",
+        "vgpu.resolve",
         "vgpu.create",
         "vgpu.create",
     ]

@@ -229,3 +229,23 @@ def test_a_dangling_link_of_a_companion_is_refused() -> None:
     # the same problem on a function the switch does not touch refuses nothing
     snap.problems[-1] = "sys/bus/pci/devices/0000:99:00.0/iommu_group: dangling link (no ...)"
     assert plan(snap, request(Mode.PASSTHROUGH)).steps
+
+
+def _console_host():  # type: ignore[no-untyped-def]
+    snap = _host_with_audio().build()
+    fn = snap.function(G1)
+    assert fn is not None
+    fn.boot_vga = True
+    return snap
+
+
+def test_passthrough_of_the_boot_display_needs_allow_boot_vga() -> None:
+    e = refusal(_console_host(), request(Mode.PASSTHROUGH))
+    assert e.code == "boot_vga" and G1 in e.message and "console goes dark" in e.message
+    assert "--allow-boot-vga" in e.message
+    allowed = request(Mode.PASSTHROUGH)
+    allowed.allow_boot_vga = True
+    p = plan(_console_host(), allowed)
+    assert any("console goes dark" in n and G1 in n for n in p.impact.notes)
+    # other modes never touch the console's driver binding this way
+    assert not plan(_console_host(), request(Mode.ACCEL)).impact.notes

@@ -68,6 +68,9 @@ def _host_root(value: str) -> str:
 RootOpt = typer.Option(
     "/", "--root", help="Root directory of the host (an emulated host's directory).", callback=_host_root
 )
+AllowBootVgaOpt = typer.Option(
+    False, "--allow-boot-vga", help="Let passthrough take the boot display GPU (the host console goes dark)."
+)
 WithoutHypervisorOpt = typer.Option(
     False,
     "--without-hypervisor",
@@ -139,6 +142,7 @@ def _request(
     alias: str | None,
     vm_policy: str,
     restart_vms: bool = True,
+    allow_boot_vga: bool = False,
 ) -> SwitchRequest:
     from gpumode.domain import SwitchRequest
     from gpumode.modes.policy import RequestError, parse_mode, parse_vm_policy
@@ -153,6 +157,7 @@ def _request(
         passthrough_alias=alias,
         vm_policy=parse_vm_policy(vm_policy),
         restart_vms=restart_vms,
+        allow_boot_vga=allow_boot_vga,
     )
 
 
@@ -168,6 +173,7 @@ def plan(
     vm_policy: str = VmPolicyOpt,
     restart_vms: bool = RestartVmsOpt,
     root: str = RootOpt,
+    allow_boot_vga: bool = AllowBootVgaOpt,
     without_hypervisor: bool = WithoutHypervisorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -178,7 +184,9 @@ def plan(
     config = engine.EngineConfig(without_hypervisor=without_hypervisor)
     with _errors():
         the_plan = engine.plan(
-            Host(root), _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms), config=config
+            Host(root),
+            _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms, allow_boot_vga),
+            config=config,
         )
     if as_json:
         print(json.dumps(the_plan.to_dict(), indent=2, default=str))
@@ -261,6 +269,7 @@ def apply(
         False, "--from-desired", help="Re-apply each GPU's desired mode (at boot)."
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    allow_boot_vga: bool = AllowBootVgaOpt,
     without_hypervisor: bool = WithoutHypervisorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -306,7 +315,7 @@ def apply(
             results.extend(r for o in outcomes for r in _runs(o))
             ok = all(o.ok for o in outcomes)
         else:
-            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms)
+            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms, allow_boot_vga)
             config = engine.EngineConfig(without_hypervisor=without_hypervisor)
             if not yes and not as_json:
                 the_plan = engine.plan(host, request, config=config)

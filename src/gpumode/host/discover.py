@@ -256,6 +256,10 @@ def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
             fn.iommu_group = None
     if "driver" in present:
         fn.driver = scan.link_name(f"{dev}/driver")
+    if "boot_vga" in present:
+        path = f"{dev}/boot_vga"
+        flag = scan.number(path, scan.read(path), 10, -1)
+        fn.boot_vga = flag == 1 if flag in (0, 1) else None
     if "driver_override" in present:
         override = scan.read(f"{dev}/driver_override")
         fn.driver_override = None if override in (None, "", "(null)") else override

@@ -38,6 +38,7 @@ ACTIONS = (
     "command.run",
     "bind.host",
     "sriov.enable",
+    "vgpu.resolve",
     "vgpu.create",
     "cloud.register_cards",
     "cloud.deploy_env",

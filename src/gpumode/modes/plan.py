@@ -39,6 +39,7 @@ from gpumode.modes.policy import (
     Resolved,
     VgpuChoice,
     Whitelist,
+    boot_display,
     model_of,
     resolve_request,
 )
@@ -141,6 +142,12 @@ class _Planner:
         drafts = [*vm_steps, *host, *self._vm_restarts(vm_steps), *self._cloud_steps()]
 
         steps = [self._step(i, d) for i, d in enumerate(drafts, start=1)]
+        for w in work:
+            if w.to_vfio and boot_display(self.snap, w.gpu):
+                self.impact.notes.append(
+                    f"GPU {w.gpu.address} is the boot display (boot_vga = 1): the host console goes dark "
+                    "when it moves to vfio-pci"
+                )
         self.impact.gpus = {w.gpu.address: (w.gpu.mode, w.target) for w in work}
         self.impact.driver_change = bool(teardown) or install
         self.impact.estimated_seconds = round(sum(s.estimate_s for s in steps), 3)
@@ -564,6 +571,11 @@ class _Planner:
                 continue
             a = w.gpu.address
             t = choice.type
+            if choice.offer.source == "catalog":
+                # the host could not show its types when this was planned: check them before creating any
+                resolve = {"name": t.name, "type": t.id, "interface": choice.offer.interface}
+                what = f"check that {a} offers {t.name} as type {t.id} ({choice.offer.interface})"
+                drafts.append(_Draft("vgpu.resolve", a, resolve, what))
             vfs = self._vf_addresses(a, choice.count) if choice.offer.parent == "vf" else []
             for index in range(choice.count):
                 vf_index = index if choice.offer.parent == "vf" else None

@@ -329,6 +329,14 @@ def resolve_request(
                 f"mode {request.mode.value!r} is not allowed for GPU {gpu.address} ({gpu.name}): {reason}",
                 [m.value for m, r in allowed.items() if r is None],
             )
+    if request.mode is Mode.PASSTHROUGH and not request.allow_boot_vga:
+        consoles = [g.address for g in gpus if boot_display(snapshot, g) and g.mode is not Mode.PASSTHROUGH]
+        if consoles:
+            raise RequestError(
+                "boot_vga",
+                f"GPU(s) {', '.join(consoles)} drive the boot console (boot_vga = 1): passthrough takes them "
+                "from the host and the console goes dark; pass --allow-boot-vga (allow_boot_vga) to do it",
+            )
     after = {g.address: g.mode for g in snapshot.gpus}
     for gpu in gpus:
         after[gpu.address] = request.mode
@@ -341,6 +349,12 @@ def resolve_request(
 
 
 PCI_DEVICES = "sys/bus/pci/devices"
+
+
+def boot_display(snapshot: HostSnapshot, gpu: Gpu) -> bool:
+    """The GPU is the firmware's boot display (its ``boot_vga`` reads 1): the host console is on it."""
+    fn = snapshot.function(gpu.address)
+    return fn is not None and fn.boot_vga is True
 
 
 def check_hardware(snapshot: HostSnapshot, gpus: Sequence[Gpu]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from gpumode.domain import DriverState, Flavour, Mode
 from gpumode.emulated.create import create_host
 from gpumode.host.discover import SysReader, discover
+from gpumode.host.root import Host
 from host_templates import HostTemplates
 
 
@@ -82,3 +83,22 @@ def test_boot_vga_is_read(host_templates: HostTemplates, tmp_path: Path) -> None
     snap = discover(root)
     assert snap.function(gpu).boot_vga is True  # type: ignore[union-attr]
     assert snap.function("0000:01:00.1").boot_vga is None  # type: ignore[union-attr]  # audio: no such file
+
+
+def test_a_partial_gpu_group_is_reported_and_refused(host_templates: HostTemplates, tmp_path: Path) -> None:
+    from gpumode.domain import SwitchRequest
+    from gpumode.modes import engine
+    from gpumode.modes.policy import RequestError
+
+    root = _copy(host_templates, "rtx-workstation", tmp_path)
+    ucsi = "0000:01:00.3"
+    (root / "sys/bus/pci/devices" / ucsi).unlink()  # the group still holds it; the bus no longer lists it
+    snap = discover(root)
+    partial = [p for p in snap.problems if "partial group" in p]
+    assert partial and ucsi in partial[0] and partial[0].startswith("sys/bus/pci/devices/0000:01:00.0/")
+    try:
+        engine.plan(Host(root), SwitchRequest(Mode.ACCEL), snapshot=snap)
+    except RequestError as exc:
+        assert exc.code == "inconsistent_hardware" and ucsi in exc.message
+    else:
+        raise AssertionError("a partial group was planned")

@@ -157,6 +157,7 @@ def discover(
 
     functions = _read_functions(scan)
     _check_links(scan, functions)
+    _check_gpu_groups(scan, functions)
 
     bound = any(fn.driver == "nvidia" for fn in functions)
     facts = read_driver_facts(host, _vgpu_manager_traces(functions), nvidia_bound=bound)
@@ -455,6 +456,23 @@ def _check_links(scan: _Scan, functions: list[PciFunction]) -> None:
         for mdev in fn.mdevs:
             if mdev.type_id not in type_ids:
                 dangling(fn, f"{mdev.uuid}/mdev_type", f"mdev_supported_types/{mdev.type_id}")
+
+
+def _check_gpu_groups(scan: _Scan, functions: list[PciFunction]) -> None:
+    """A GPU's IOMMU group must hold only functions the host lists: a member that sys/bus/pci/devices does
+    not show (removed, or vanished mid-read) makes the group partial, and passthrough of it cannot work."""
+    known = {fn.address for fn in functions}
+    for fn in functions:
+        if not fn.is_nvidia_gpu or fn.iommu_group is None:
+            continue
+        group = fn.iommu_group
+        members = scan.listdir(f"{scan.root}/sys/kernel/iommu_groups/{group}/devices", required=False)
+        for name in sorted(members or []):
+            if name not in known:
+                scan.problems.append(
+                    f"{PCI_DEVICES}/{fn.address}/iommu_group: group {group} also holds {name}, which "
+                    f"{PCI_DEVICES} does not list (a partial group)"
+                )
 
 
 # --- GPUs -------------------------------------------------------------------------------------------------

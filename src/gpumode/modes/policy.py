@@ -385,7 +385,11 @@ def check_hardware(snapshot: HostSnapshot, gpus: Sequence[Gpu]) -> None:
                     "rescan the PCI bus, then plan again",
                 )
             prefix = f"{PCI_DEVICES}/{address}/"
-            dangling = [p for p in snapshot.problems if p.startswith(prefix) and "dangling link" in p]
+            dangling = [
+                p
+                for p in snapshot.problems
+                if p.startswith(prefix) and ("dangling link" in p or "partial group" in p)
+            ]
             if dangling:
                 raise RequestError(
                     "inconsistent_hardware",

@@ -25,7 +25,7 @@ from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node, NodeG
 
 PAGE_SIZE = 50
 STALE_AFTER = timedelta(minutes=2)  # agents report at least every few seconds; two minutes silent is stale
-MODES = ("accel", "vgpu", "passthrough", "none", "mixed", "unknown")
+MODES = ("accel", "vgpu", "passthrough", "none", "mixed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class Mode(StrEnum):
     VGPU = "vgpu"
     PASSTHROUGH = "passthrough"
     NONE = "none"
+    UNKNOWN = "unknown"  # on nvidia, but which build could not be told (conflicting or no evidence)
 
 
 class DriverState(StrEnum):
@@ -40,6 +41,7 @@ class DriverState(StrEnum):
     VFIO = "vfio"  # every GPU is on vfio-pci
     NONE = "none"  # no GPU has a driver
     MIXED = "mixed"  # GPUs are split between the above
+    UNKNOWN = "unknown"  # a GPU's mode could not be told (see the problems)
 
 
 class Flavour(StrEnum):
@@ -195,6 +197,7 @@ class PciFunction:
     mdevs: list[Mdev] = field(default_factory=list)
     vendor_vgpu: VendorVgpu | None = None
     consumers: list[str] = field(default_factory=list)  # ``consumer:pci:`` device links
+    boot_vga: bool | None = None  # ``boot_vga`` (VGA class only): the firmware console is on it; None: none
 
     @property
     def is_vf(self) -> bool:
@@ -388,11 +391,15 @@ def _plain(value: Any) -> Any:
 # Fields added to v1 after agents shipped without them: an older agent's JSON lacks them, and its fingerprint
 # (of what it sent) must still be the fingerprint of the snapshot the server rebuilds with their defaults.
 _SRIOV_ADDITIONS = ("offset", "stride")
+_FUNCTION_ADDITIONS = ("boot_vga",)
 
 
 def _without_unset_additions(fn: dict[str, Any]) -> dict[str, Any]:
     """A function without the additions that hold their default (None): the canonical form the fingerprint
     hashes. Copies only what it changes."""
+    unset_here = [key for key in _FUNCTION_ADDITIONS if key in fn and fn[key] is None]
+    if unset_here:
+        fn = {k: v for k, v in fn.items() if k not in unset_here}
     sriov = fn.get("sriov")
     if not sriov or all(sriov.get(key) is not None for key in _SRIOV_ADDITIONS):
         return fn
@@ -444,6 +451,7 @@ class SwitchRequest:
     passthrough_alias: str | None = None
     vm_policy: VmPolicy = VmPolicy.GPU
     restart_vms: bool = True  # after the host steps, start again the VMs it shut down that keep their devices
+    allow_boot_vga: bool = False  # passthrough may take the boot display GPU (its console goes dark)
 
 
 @dataclass(slots=True)
@@ -476,6 +484,7 @@ class Impact:
     driver_change: bool = False
     reboot_required: bool = False
     estimated_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the plan could not consider, e.g. no hypervisor
 
 
 @dataclass(slots=True)

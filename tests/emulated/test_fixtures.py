@@ -42,8 +42,8 @@ def driver_of(host: Host, address: str) -> str | None:
 
 
 def test_registry_and_unknown_names() -> None:
-    assert set(FIXTURES) == {"hgx-h100", "a16-vdi", "l40s-sriov", "t4-mdev", "rtx-workstation"}
-    with pytest.raises(UnknownFixtureError, match="valid fixtures: a16-vdi, hgx-h100"):
+    assert set(FIXTURES) == {"hgx-h100", "a16-vdi", "l40s-sriov", "t4-mdev", "rtx-workstation", "a2-r580"}
+    with pytest.raises(UnknownFixtureError, match="valid fixtures: a16-vdi, a2-r580, hgx-h100"):
         get_fixture("h100")
 
 
@@ -55,6 +55,7 @@ def test_registry_and_unknown_names() -> None:
         ("l40s-sriov", 4, "vgpu"),
         ("t4-mdev", 4, "none"),
         ("rtx-workstation", 1, "passthrough"),
+        ("a2-r580", 2, "vgpu"),
     ],
 )
 def test_spec_shape(name: str, gpus: int, mode: str) -> None:
@@ -97,7 +98,7 @@ def test_a16_vdi_runs_mdev_vgpus_on_vfs(built: dict[str, Host]) -> None:
     for gpu in gpu_addresses(spec):
         assert host.path("sys/bus/pci/devices", gpu, "sriov_numvfs").read_text() == "16\n"
     vf = host.path("sys/bus/pci/devices/0000:33:00.4")
-    assert (vf / "physfn").exists() and (vf / "mdev_supported_types/nvidia-684/name").read_text() == (
+    assert (vf / "physfn").exists() and (vf / "mdev_supported_types/nvidia-713/name").read_text() == (
         "NVIDIA A16-4Q\n"
     )
     mdevs = sorted(os.listdir(host.path("sys/bus/mdev/devices")))
@@ -123,6 +124,29 @@ def test_l40s_sriov_uses_the_vendor_interface(built: dict[str, Host]) -> None:
         host.write(vf / "nvidia/current_vgpu_type", "0")  # held by render-01
 
 
+def test_a2_r580_on_6_8_uses_the_vendor_framework_and_no_mdev(built: dict[str, Host]) -> None:
+    host = built["a2-r580"]
+    pf = host.path("sys/bus/pci/devices/0000:17:00.0")
+    assert (pf / "subsystem_device").read_text() == "0x157e\n" and (pf / "sriov_numvfs").read_text() == "16\n"
+    vf = host.path("sys/bus/pci/devices/0000:17:00.4")
+    assert (vf / "subsystem_vendor").read_text() == "0x10de\n" and (
+        vf / "subsystem_device"
+    ).read_text() == "0x0000\n"
+    assert (vf / "nvidia/current_vgpu_type").read_text() == "746\n"  # NVIDIA A2-4Q
+    idle = host.path("sys/bus/pci/devices/0000:31:00.4/nvidia/creatable_vgpu_types").read_text()
+    assert "742   : NVIDIA A2-1B\n" in idle and "A16" not in idle
+    assert not (vf / "mdev_supported_types").exists()
+    assert not host.path("sys/class/mdev_bus").exists() or not os.listdir(host.path("sys/class/mdev_bus"))
+    assert "580.65.05" in host.path("proc/driver/nvidia/version").read_text()
+    assert host.path("proc/sys/kernel/osrelease").read_text().startswith("6.8.")
+
+
+def test_t4_has_an_sriov_capability_but_vgpus_on_the_pf(built: dict[str, Host]) -> None:
+    host = built["t4-mdev"]
+    gpu = host.path("sys/bus/pci/devices", gpu_addresses(get_fixture("t4-mdev"))[0])
+    assert (gpu / "sriov_totalvfs").read_text() == "16\n" and (gpu / "sriov_numvfs").read_text() == "0\n"
+
+
 def test_t4_mdev_has_no_driver(built: dict[str, Host]) -> None:
     host = built["t4-mdev"]
     assert all(driver_of(host, gpu) is None for gpu in gpu_addresses(get_fixture("t4-mdev")))
@@ -136,7 +160,8 @@ def test_rtx_workstation_shares_one_iommu_group(built: dict[str, Host]) -> None:
     group = host.path("sys/bus/pci/devices/0000:01:00.0/iommu_group").resolve()
     members = sorted(os.listdir(group / "devices"))
     assert members == ["0000:00:01.0", "0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"]
-    assert os.path.lexists(host.path("sys/bus/pci/devices/0000:01:00.0/consumer:pci:0000:01:00.1"))
+    for fn in ("0000:01:00.1", "0000:01:00.2", "0000:01:00.3"):  # audio, USB, UCSI: all linked to the GPU
+        assert os.path.lexists(host.path(f"sys/bus/pci/devices/0000:01:00.0/consumer:pci:{fn}"))
     for fn in members[1:]:
         assert driver_of(host, fn) == "vfio-pci"
         assert host.path("sys/bus/pci/devices", fn, "driver_override").read_text() == "vfio-pci\n"
@@ -201,3 +226,36 @@ def test_cli_list_and_create(tmp_path: Path) -> None:
     assert made.exit_code == 0, made.output
     assert f"gpumode discover --root {tmp_path / 'ws'}" in made.output
     assert Host(tmp_path / "ws").emulated
+
+
+@pytest.mark.skipif(LSPCI is None, reason="pciutils (lspci) is not installed")
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_lspci_reads_the_capabilities_of_every_gpu(built: dict[str, Host], name: str) -> None:
+    """PCI Express, power management and MSI-X on every GPU; SR-IOV (with NVIDIA's offset 4, stride 1) on
+    every GPU whose model has the capability."""
+    host = built[name]
+    spec = get_fixture(name)
+    for dev in (d for d in spec.devices if d.address in gpu_addresses(spec)):
+        out = subprocess.run(
+            [
+                str(LSPCI),
+                "-vvv",
+                "-s",
+                dev.address,
+                "-A",
+                "linux-sysfs",
+                "-O",
+                f"sysfs.path={host.root}/sys/bus/pci",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "Express (v2) Endpoint" in out and "MSI-X: Enable- Count=10" in out, out
+        assert "Power Management version 3" in out
+        model = spec.gpu_models[dev.gpu_model or ""]
+        if model.sriov_total_vfs:
+            assert "Single Root I/O Virtualization (SR-IOV)" in out
+            assert f"Total VFs: {model.sriov_total_vfs}," in out and "VF offset: 4, stride: 1" in out
+        else:
+            assert "SR-IOV" not in out

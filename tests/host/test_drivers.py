@@ -9,8 +9,9 @@ import pytest
 from gpumode.domain import DriverState, Flavour, Mode, NvidiaDriver, Package
 from gpumode.host.drivers import (
     SERVICES,
+    FlavourEvidence,
     classify_package,
-    driver_flavour,
+    decide_flavour,
     driver_packages,
     gpu_mode,
     host_driver_state,
@@ -116,8 +117,10 @@ def test_dpkg_status_installed_only() -> None:
         ("nvidia-driver-550-server-open", Flavour.DATACENTER),
         ("nvidia-driver-535", Flavour.DATACENTER),
         ("nvidia-fabricmanager-550", Flavour.DATACENTER),
-        ("nvidia-container-toolkit", Flavour.DATACENTER),
-        ("nvidia-container-toolkit-base", Flavour.DATACENTER),
+        ("nvidia-container-toolkit", None),  # runs beside either build: not a driver package
+        ("nvidia-container-toolkit-base", None),
+        ("libnvidia-container1", None),
+        ("datacenter-gpu-manager", None),
         ("linux-modules-nvidia-550-server-open-6.8.0-45-generic", Flavour.DATACENTER),
         ("nvidia-vgpu-ubuntu-550", Flavour.VGPU),
         ("nvidia-vgpu-ubuntu-535", Flavour.VGPU),
@@ -134,7 +137,7 @@ def test_driver_packages_keep_nvidia_ones_only() -> None:
     packages = driver_packages(parse_dpkg_status(DPKG_STATUS))
     assert [(p.name, p.flavour) for p in packages] == [
         ("libnvidia-compute-550-server", None),
-        ("nvidia-container-toolkit", Flavour.DATACENTER),
+        ("nvidia-container-toolkit", None),
         ("nvidia-driver-550-server", Flavour.DATACENTER),
         ("nvidia-fabricmanager-550", Flavour.DATACENTER),
     ]
@@ -145,19 +148,46 @@ def _nv(loaded: bool, vfio: bool, *flavours: Flavour) -> NvidiaDriver:
     return NvidiaDriver(loaded=loaded, vgpu_vfio_loaded=vfio, packages=packages)
 
 
+def _ev(vgpu: tuple[str, ...] = (), dc: tuple[str, ...] = (), listed: str | None = "proc/modules"):  # type: ignore[no-untyped-def]
+    return FlavourEvidence(list(vgpu), list(dc), listed)
+
+
 def test_flavour_rules() -> None:
-    assert driver_flavour(_nv(True, True)) is Flavour.VGPU
-    assert driver_flavour(_nv(True, False, Flavour.VGPU)) is Flavour.VGPU  # vfio helper not loaded yet
-    assert driver_flavour(_nv(True, False, Flavour.DATACENTER)) is Flavour.DATACENTER
-    assert driver_flavour(_nv(True, False)) is Flavour.DATACENTER
-    assert driver_flavour(_nv(False, False, Flavour.VGPU)) is Flavour.VGPU  # installed, would load
-    assert driver_flavour(_nv(False, False)) is None
+    vgpu_trace = ("proc/modules: nvidia_vgpu_vfio loaded",)
+    assert decide_flavour(_nv(True, True), _ev(vgpu_trace)) is Flavour.VGPU
+    assert decide_flavour(_nv(True, False), _ev(("sys/bus/mdev/drivers/nvidia-vgpu-vfio",))) is Flavour.VGPU
+    # a complete module list without the vGPU manager: the data-center build
+    assert decide_flavour(_nv(True, False), _ev()) is Flavour.DATACENTER
+    assert decide_flavour(_nv(True, False), _ev(dc=("proc/modules: nvidia_uvm",), listed=None)) is (
+        Flavour.DATACENTER
+    )
+    # installed packages say nothing while nvidia is loaded; they say what would load when it is not
+    assert decide_flavour(_nv(False, False, Flavour.VGPU), _ev()) is Flavour.VGPU
+    assert decide_flavour(_nv(False, False), _ev()) is None
     problems: list[str] = []
-    assert driver_flavour(_nv(False, False, Flavour.VGPU, Flavour.DATACENTER), problems) is None
+    assert decide_flavour(_nv(False, False, Flavour.VGPU, Flavour.DATACENTER), _ev(), problems) is None
     assert len(problems) == 1 and "both" in problems[0]
 
 
+def test_no_evidence_is_no_default() -> None:
+    problems: list[str] = []
+    assert decide_flavour(_nv(True, False, Flavour.DATACENTER), _ev(listed=None), problems) is None
+    assert len(problems) == 1 and "nvidia build unknown" in problems[0] and "no module list" in problems[0]
+
+
+def test_conflicting_evidence_is_a_problem_not_a_guess() -> None:
+    problems: list[str] = []
+    both = _ev(
+        ("sys/bus/mdev/drivers/nvidia-vgpu-vfio: 3 mdev(s) bound",), ("proc/modules: nvidia_uvm loaded",)
+    )
+    assert decide_flavour(_nv(True, False), both, problems) is None
+    assert (
+        "both the vGPU manager" in problems[0] and "nvidia_uvm" in problems[0] and "3 mdev(s)" in problems[0]
+    )
+
+
 def test_gpu_mode_rules() -> None:
+    assert gpu_mode("nvidia", None) is Mode.UNKNOWN
     assert gpu_mode("nvidia", Flavour.DATACENTER) is Mode.ACCEL
     assert gpu_mode("nvidia", Flavour.VGPU) is Mode.VGPU
     assert gpu_mode("vfio-pci", None) is Mode.PASSTHROUGH
@@ -176,6 +206,7 @@ def test_gpu_mode_rules() -> None:
         ([Mode.NONE, Mode.NONE], DriverState.NONE),
         ([Mode.ACCEL, Mode.PASSTHROUGH], DriverState.MIXED),
         ([Mode.VGPU, Mode.NONE], DriverState.MIXED),
+        ([Mode.UNKNOWN, Mode.ACCEL], DriverState.UNKNOWN),
     ],
 )
 def test_host_driver_state(modes: list[Mode], state: DriverState) -> None:
@@ -257,3 +288,44 @@ def test_nothing_nvidia_at_all(tmp_path: Path) -> None:
     facts = read_driver_facts(Host(tmp_path))
     assert facts.problems == []
     assert facts.nvidia == NvidiaDriver(services=dict.fromkeys(SERVICES, False))
+
+
+# The vGPU-KVM host's NVRM line in the proprietary format (NOT VERIFIED beyond that): only the version.
+NVRM_VGPU_HOST = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.06  Tue Nov 12 21:38:03 UTC 2024\n"
+    "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~24.04)\n"
+)
+
+
+def test_nvrm_version_of_each_flavour() -> None:
+    assert parse_nvrm_version(NVRM_VGPU_HOST) == ("550.127.06", False)
+    assert parse_nvrm_version(NVRM_PROPRIETARY) == ("535.129.03", False)
+    assert parse_nvrm_version(NVRM_OPEN) == ("555.42.06", True)
+
+
+def test_a_vgpu_host_without_sys_module_is_told_by_its_mdev_driver(tmp_path: Path) -> None:
+    # proc/modules unreadable, sys/module absent: the mdevs bound to nvidia-vgpu-vfio still say vGPU manager
+    _write(tmp_path, "proc/driver/nvidia/version", NVRM_VGPU_HOST)
+    drv = tmp_path / "sys/bus/mdev/drivers/nvidia-vgpu-vfio"
+    drv.mkdir(parents=True)
+    for uuid in ("a", "b", "c"):
+        (drv / uuid).symlink_to(f"../../../../devices/x/{uuid}")
+    (tmp_path / "run/systemd/units").mkdir(parents=True)
+    facts = read_driver_facts(Host(tmp_path))
+    assert facts.nvidia.loaded and facts.nvidia.flavour is Flavour.VGPU
+    assert facts.evidence.vgpu == ["sys/bus/mdev/drivers/nvidia-vgpu-vfio: 3 mdev(s) bound"]
+
+
+def test_container_toolkit_beside_the_vgpu_manager_is_no_conflict(tmp_path: Path) -> None:
+    _write(
+        tmp_path, "proc/modules", "nvidia_vgpu_vfio 1 0 - Live 0x0\nnvidia 1 1 nvidia_vgpu_vfio, Live 0x0\n"
+    )
+    _write(
+        tmp_path,
+        "var/lib/dpkg/status",
+        "Package: nvidia-vgpu-ubuntu-550\nStatus: install ok installed\nVersion: 550.127.06\n\n"
+        "Package: nvidia-container-toolkit\nStatus: install ok installed\nVersion: 1.16.2-1\n",
+    )
+    (tmp_path / "run/systemd/units").mkdir(parents=True)
+    facts = read_driver_facts(Host(tmp_path))
+    assert facts.nvidia.flavour is Flavour.VGPU and facts.problems == []

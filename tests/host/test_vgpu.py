@@ -35,10 +35,10 @@ L40S = dataclasses.replace(L40S, sriov_total_vfs=4)
 BUSY_VF = vf_address(L40S_BUSY, L40S, 0)
 
 
-
 def root_port(board: Board, bus: int, numa: int) -> str:
     """A bare PCIe root port (pcieport) on ``bus``: the fewer functions, the faster the emulated kernel."""
     return board.add(board.addr(bus, 1, 0), 0x8086, 0x352A, CLASS_PCI_BRIDGE, numa=numa, driver="pcieport")
+
 
 def vgpu_spec() -> HostSpec:
     board = Board()
@@ -112,8 +112,9 @@ def test_disable_vfs_refuses_while_a_vf_carries_a_vgpu(host: Host) -> None:
     assert vgpu.current_type(host, BUSY_VF) == L40S_4Q
 
 
-def test_sriov_on_a_gpu_without_it_is_a_clear_error(shared: Host) -> None:
-    with pytest.raises(VgpuError, match="no SR-IOV capability"):
+def test_sriov_on_a_gpu_whose_vgpus_are_not_on_vfs_is_a_clear_error(shared: Host) -> None:
+    # a T4 has an SR-IOV capability, but sriov-manage leaves it alone (its vGPUs are mdevs on the PF)
+    with pytest.raises(VgpuError, match="enabled no VFs"):
         vgpu.enable_vfs(shared, T4_GPU)
 
 
@@ -200,9 +201,9 @@ def test_create_mdev_refuses_an_unknown_type_listing_the_offered_ones(host: Host
 
 def test_create_mdev_refuses_when_no_instance_is_left(host: Host) -> None:
     parent = vgpu.mdev_parents(host, A16_GPU)[0]  # one vGPU per VF on Ampere
-    vgpu.create_mdev(host, parent, "nvidia-685", persist=False)
-    with pytest.raises(VgpuError, match=r"no nvidia-685 .* instance left"):
-        vgpu.create_mdev(host, parent, "nvidia-685", persist=False)
+    vgpu.create_mdev(host, parent, "nvidia-714", persist=False)
+    with pytest.raises(VgpuError, match=r"no nvidia-714 .* instance left"):
+        vgpu.create_mdev(host, parent, "nvidia-714", persist=False)
     assert len(vgpu.list_mdevs(host)) == 1
 
 
@@ -230,7 +231,7 @@ def test_resolve_on_mdev_gpus(shared: Host) -> None:
     t4 = vgpu.resolve_vgpu_type(shared, T4_GPU, "T4-1Q")
     assert (t4.interface, t4.mdev_type, t4.name) == ("mdev", "nvidia-230", "GRID T4-1Q")
     a16 = vgpu.resolve_vgpu_type(shared, A16_GPU, "A16-4Q")
-    assert a16.mdev_type == "nvidia-684"
+    assert a16.mdev_type == "nvidia-713"
 
 
 def test_resolve_unknown_type_lists_what_the_gpu_offers(shared: Host) -> None:

@@ -31,6 +31,8 @@ from gpumode.modes.policy import Whitelist, load_whitelist
 
 T4, A16, L40S, H100, B200 = 0x1EB8, 0x25B6, 0x26B9, 0x2330, 0x2901
 NAMES = {T4: "Tesla T4", A16: "A16", L40S: "L40S", H100: "H100 SXM5", B200: "B200"}
+# the board's subsystem id (the catalog tells the A16 from the A2, which shares its device id, by it)
+SUBSYSTEMS = {A16: 0x14A9, T4: 0x12A2, L40S: 0x1851}
 CLASS_HDA = 0x040300
 CLASS_BRIDGE = 0x060400
 
@@ -84,7 +86,7 @@ class HostBuilder:
             0x10DE,
             device,
             0x10DE,
-            0x1234,
+            SUBSYSTEMS.get(device, 0x1234),
             CLASS_3D,
             0xA1,
             numa_node=0,
@@ -107,7 +109,7 @@ class HostBuilder:
                 0x10DE,
                 device,
                 0x10DE,
-                0x1234,
+                0x0000,  # NVIDIA VFs report subsystem 10de:0000
                 CLASS_3D,
                 0xA1,
                 iommu_group=100 + i,

@@ -12,6 +12,7 @@ from gpumode.domain import Flavour
 from gpumode.emulated.fixtures.models import MODELS
 from gpumode.modes.catalog import ACTIONS, load_catalog, parse_catalog
 from gpumode.yamlfile import ConfigError
+from published_vgpu_types import PUBLISHED
 
 
 def default_data() -> dict[str, Any]:
@@ -49,10 +50,11 @@ def test_default_catalog_loads_with_the_expected_drivers() -> None:
 def test_catalog_matches_the_emulated_gpu_models(key: str) -> None:
     """Plans made before the vGPU manager is loaded must name what the (emulated) host then shows."""
     spec = MODELS[key]
-    model = load_catalog().model(spec.device)
+    model = load_catalog().model(spec.device, (0x10DE, spec.subsystem_device))
     assert model is not None
     assert model.sriov_vfs == spec.sriov_total_vfs
     assert model.vgpu_interface == spec.vgpu_interface
+    assert (model.vgpu_parent == "vf") == spec.vgpus_on_vfs
     assert [(t.id, t.name, t.framebuffer_mib, t.max_instances) for t in model.vgpu_types] == [
         (t.type_id, t.name, t.framebuffer_mib, t.max_instances) for t in spec.vgpu_types
     ]
@@ -107,17 +109,17 @@ def mutate(path: list[str | int], value: Any) -> dict[str, Any]:
         (["estimates", "vm.reboot"], 5, "estimates.vm.reboot: unknown action 'vm.reboot'"),
         (["estimates", "vm.shutdown"], -1, "expected a non-negative number"),
         (
-            ["gpu_models", "26b9", "sriov_vfs"],
+            ["gpu_models", "10de:26b9", "sriov_vfs"],
             KeyError,
-            "gpu_models.26b9.vgpu.interface: the vendor interface",
+            "gpu_models.10de:26b9.vgpu.interface: the vendor interface",
         ),
         (
-            ["gpu_models", "1eb8", "vgpu", "types", 0, "max_instances"],
+            ["gpu_models", "10de:1eb8", "vgpu", "types", 0, "max_instances"],
             0,
             "types[0].max_instances: must be at least 1",
         ),
-        (["gpu_models", "1eb8", "vgpu", "types", 1, "id"], 222, "types[1]: duplicate vGPU type id 222"),
-        (["gpu_models", "1eb8", "name"], "", "gpu_models.1eb8.name: expected a non-empty string"),
+        (["gpu_models", "10de:1eb8", "vgpu", "types", 1, "id"], 222, "types[1]: duplicate vGPU type id 222"),
+        (["gpu_models", "10de:1eb8", "name"], "", "gpu_models.10de:1eb8.name: expected a non-empty string"),
     ],
 )
 def test_invalid_catalogs_name_the_key_path_and_problem(
@@ -131,7 +133,7 @@ def test_invalid_catalogs_name_the_key_path_and_problem(
 
 def test_unquoted_device_ids_are_explained() -> None:
     data = default_data()
-    data["gpu_models"][2330] = data["gpu_models"].pop("2330")
+    data["gpu_models"][2330] = data["gpu_models"].pop("10de:2330")
     with pytest.raises(ConfigError, match="must be a quoted string"):
         parse_catalog(data, "c.yaml")
 
@@ -147,3 +149,56 @@ def test_unreadable_and_malformed_files_name_the_file(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(ConfigError, match=r"empty\.yaml: .*expected a mapping, got nothing"):
         load_catalog(empty)
+
+
+@pytest.mark.parametrize("board", sorted(PUBLISHED))
+def test_catalog_carries_nvidias_published_type_ids(board: tuple[int, int]) -> None:
+    """Every type of the board, with NVIDIA's id: a plan that writes the wrong id creates another type."""
+    device, subsystem = board
+    model = load_catalog().model(device, (0x10DE, subsystem))
+    assert model is not None
+    assert {t.name: t.id for t in model.vgpu_types} == PUBLISHED[board]
+
+
+def test_one_pci_id_two_boards_each_gets_its_own_types() -> None:
+    c = load_catalog()
+    a2, a16 = c.model(0x25B6, (0x10DE, 0x157E)), c.model(0x25B6, (0x10DE, 0x14A9))
+    assert a2 is not None and a16 is not None and a2.name == "NVIDIA A2" and a16.name == "NVIDIA A16"
+    assert all(t.name.startswith("NVIDIA A2-") for t in a2.vgpu_types)
+    assert {t.id for t in a2.vgpu_types}.isdisjoint(t.id for t in a16.vgpu_types)
+    # a 25b6 board whose subsystem the catalog does not list is offered nobody's types
+    assert c.model(0x25B6, (0x10DE, 0x1234)) is None and c.model(0x25B6) is None
+
+
+def test_the_interface_is_predicted_from_the_branch_and_the_kernel() -> None:
+    c = load_catalog()
+    a16, t4 = c.model(0x25B6, (0x10DE, 0x14A9)), c.model(0x1EB8)
+    rtx = c.model(0x1E30)
+    assert a16 is not None and t4 is not None and rtx is not None
+    assert c.predicted_interface(a16, 550, "6.8.0-45-generic") == ("mdev", "vf")
+    assert c.predicted_interface(a16, 580, "6.5.0-1-amd64") == ("mdev", "vf")
+    assert c.predicted_interface(a16, 580, "6.8.0-45-generic") == ("vendor", "vf")
+    assert c.predicted_interface(t4, 550, "6.8.0") == ("mdev", "pf")
+    assert c.predicted_interface(rtx, 580, "6.11.0") is None  # no SR-IOV: no vendor interface, no vGPU
+    assert c.predicted_interface(a16, None, "6.8.0") == ("mdev", "vf")  # unknown branch: the model's entry
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("25b6 157e", "GPU model keys are quoted PCI ids"),
+        ("10de:25b6:10DE:157E", "GPU model keys are quoted PCI ids"),
+    ],
+)
+def test_bad_model_keys_are_explained(key: str, message: str) -> None:
+    data = default_data()
+    data["gpu_models"][key] = {"name": "x", "alias": "x"}
+    with pytest.raises(ConfigError, match=message):
+        parse_catalog(data, "c.yaml")
+
+
+def test_a_board_listed_twice_is_refused() -> None:
+    data = default_data()
+    data["gpu_models"]["26b9"] = {"name": "x", "alias": "x"}  # the short form of 10de:26b9
+    with pytest.raises(ConfigError, match="duplicate GPU model '26b9'"):
+        parse_catalog(data, "c.yaml")

@@ -107,7 +107,11 @@ def test_none_to_vgpu_on_turing_creates_mdevs_on_the_pf() -> None:
         "bind.host",
         "service.start",
         "service.start",
-        *["vgpu.create"] * 8,
+        # the types came from the catalog: each GPU checks them on the host before it creates any
+        "vgpu.resolve",
+        *["vgpu.create"] * 4,
+        "vgpu.resolve",
+        *["vgpu.create"] * 4,
     ]
     creates = steps_of(p, "vgpu.create")
     assert creates[0].target == G1
@@ -153,7 +157,7 @@ def test_accel_to_vgpu_tears_down_datacenter_and_carves_vfs() -> None:
         "sriov.enable",  # before nvidia-vgpu-mgr opens the GPUs
         "service.start",
         "service.start",
-        *["vgpu.create"] * 4,
+        *["vgpu.resolve", "vgpu.create", "vgpu.create"] * 2,
     ]
     assert [s.target for s in steps_of(p, "service.stop")] == [
         "nvidia-fabricmanager.service",
@@ -198,10 +202,11 @@ def test_accel_to_vgpu_on_an_a16_names_the_vfs_before_they_exist() -> None:
     it) names them by where the kernel will put them."""
     snap = a16_accel()
     p = plan(snap, request(Mode.VGPU, vgpu_type="NVIDIA A16-4Q", vgpu_count=2))
-    assert actions(p)[-5:] == [
+    assert actions(p)[-6:] == [
         "sriov.enable",
         "service.start",
         "service.start",
+        "vgpu.resolve",
         "vgpu.create",
         "vgpu.create",
     ]
@@ -210,8 +215,8 @@ def test_accel_to_vgpu_on_an_a16_names_the_vfs_before_they_exist() -> None:
     assert (vf0, vf1) == ("0000:3a:00.4", "0000:3a:00.5")
     creates = steps_of(p, "vgpu.create")
     assert [(s.params["vf_index"], s.params["type_id"]) for s in creates] == [
-        (0, "nvidia-684"),
-        (1, "nvidia-684"),
+        (0, "nvidia-713"),
+        (1, "nvidia-713"),
     ]
     assert [s.description for s in creates] == [
         f"create a NVIDIA A16-4Q vGPU on VF 0 ({vf0}) of {G2}",
@@ -222,8 +227,8 @@ def test_accel_to_vgpu_on_an_a16_names_the_vfs_before_they_exist() -> None:
     assert gpu is not None and gpu.vfs == [vf_address(G2, n) for n in range(16)]
     assert render_dropin(after) == (
         "# Written by gpumode for the GPUs' current modes; edits are overwritten at the next switch.\n\n"
-        "[devices]\nenabled_mdev_types = nvidia-684\n\n"
-        f"[mdev_nvidia-684]\ndevice_addresses = {vf0},{vf1}\n"
+        "[devices]\nenabled_mdev_types = nvidia-713\n\n"
+        f"[mdev_nvidia-713]\ndevice_addresses = {vf0},{vf1}\n"
     )
 
 
@@ -303,7 +308,7 @@ def test_mdev_vgpus_are_removed_by_uuid() -> None:
             mode=Mode.VGPU,
             total_vfs=16,
             num_vfs=2,
-            vf_mdevs={0: ("aaaa-1", 684), 1: ("aaaa-2", 684)},
+            vf_mdevs={0: ("aaaa-1", 713), 1: ("aaaa-2", 713)},
         )
         .vgpu_manager()
         .build()
@@ -311,8 +316,8 @@ def test_mdev_vgpus_are_removed_by_uuid() -> None:
     p = plan(snap, request(Mode.ACCEL), [vm("vdi", "mdev:aaaa-2")])
     removes = steps_of(p, "vgpu.remove")
     assert [(s.target, s.params["uuid"], s.params["type_id"]) for s in removes] == [
-        (vf_address(G1, 0), "aaaa-1", "nvidia-684"),
-        (vf_address(G1, 1), "aaaa-2", "nvidia-684"),
+        (vf_address(G1, 0), "aaaa-1", "nvidia-713"),
+        (vf_address(G1, 1), "aaaa-2", "nvidia-713"),
     ]
     assert [(s.target, s.params) for s in steps_of(p, "vm.detach_device")] == [
         ("vdi", {"kind": "mdev", "id": "aaaa-2"})
@@ -389,6 +394,7 @@ def test_passthrough_to_vgpu_installs_the_vgpu_manager_when_the_host_has_none() 
         "sriov.enable",
         "service.start",
         "service.start",
+        "vgpu.resolve",
         "vgpu.create",
         "vgpu.create",
     ]

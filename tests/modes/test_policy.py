@@ -160,7 +160,7 @@ def test_vgpu_offer_prefers_the_host_sysfs_over_the_catalog() -> None:
     assert by_id[230].max_instances == 16 and by_id[999].max_instances == 4  # 3 free + 1 held
     bare = HostBuilder().gpu(G1, T4).build()
     catalog_offer = vgpu_offer(bare, bare.gpus[0], CATALOG)
-    assert catalog_offer is not None and catalog_offer.source == "catalog" and len(catalog_offer.types) == 16
+    assert catalog_offer is not None and catalog_offer.source == "catalog" and len(catalog_offer.types) == 17
 
 
 def test_whitelist_file_errors_name_file_path_and_problem(tmp_path: Path) -> None:
@@ -184,3 +184,68 @@ def test_whitelist_file_errors_name_file_path_and_problem(tmp_path: Path) -> Non
         load_whitelist(f)
     f.write_text("version: v1\nplatform: {modes: [passthrough]}\n")
     assert load_whitelist(f).platform == frozenset({Mode.PASSTHROUGH})
+
+
+# --- hosts the planner must not act on ---------------------------------------------------------------------
+
+AUDIO = "0000:17:00.1"
+
+
+def _host_with_audio():  # type: ignore[no-untyped-def]
+    return HostBuilder().gpu(G1, L40S, mode=Mode.ACCEL, companions=((AUDIO, 0x040300, None),)).datacenter()
+
+
+def test_a_host_in_mode_unknown_is_not_planned() -> None:
+    snap = _host_with_audio().build()
+    snap.gpus[0].mode = Mode.UNKNOWN
+    for req in (request(Mode.PASSTHROUGH), request(Mode.ACCEL)):
+        e = refusal(snap, req)
+        assert e.code == "host_state_unknown" and G1 in e.message and "mode unknown" in e.message
+
+
+def test_a_removed_companion_is_refused_naming_it() -> None:
+    snap = _host_with_audio().build()
+    snap.functions = [f for f in snap.functions if f.address != AUDIO]  # gone, the GPU still lists it
+    e = refusal(snap, request(Mode.PASSTHROUGH))
+    assert e.code == "inconsistent_hardware" and f"companion {AUDIO} is gone" in e.message
+
+
+def test_a_phantom_function_is_refused_naming_it() -> None:
+    snap = _host_with_audio().build()
+    fn = snap.function(AUDIO)
+    assert fn is not None
+    fn.vendor = fn.device = fn.class_code = -1
+    e = refusal(snap, request(Mode.PASSTHROUGH))
+    assert e.code == "inconsistent_hardware" and AUDIO in e.message and "phantom" in e.message
+
+
+def test_a_dangling_link_of_a_companion_is_refused() -> None:
+    snap = _host_with_audio().build()
+    snap.problems.append(
+        f"sys/bus/pci/devices/{AUDIO}/iommu_group: dangling link (no sys/kernel/iommu_groups/10)"
+    )
+    e = refusal(snap, request(Mode.PASSTHROUGH))
+    assert e.code == "inconsistent_hardware" and AUDIO in e.message and "dangling link" in e.message
+    # the same problem on a function the switch does not touch refuses nothing
+    snap.problems[-1] = "sys/bus/pci/devices/0000:99:00.0/iommu_group: dangling link (no ...)"
+    assert plan(snap, request(Mode.PASSTHROUGH)).steps
+
+
+def _console_host():  # type: ignore[no-untyped-def]
+    snap = _host_with_audio().build()
+    fn = snap.function(G1)
+    assert fn is not None
+    fn.boot_vga = True
+    return snap
+
+
+def test_passthrough_of_the_boot_display_needs_allow_boot_vga() -> None:
+    e = refusal(_console_host(), request(Mode.PASSTHROUGH))
+    assert e.code == "boot_vga" and G1 in e.message and "console goes dark" in e.message
+    assert "--allow-boot-vga" in e.message
+    allowed = request(Mode.PASSTHROUGH)
+    allowed.allow_boot_vga = True
+    p = plan(_console_host(), allowed)
+    assert any("console goes dark" in n and G1 in n for n in p.impact.notes)
+    # other modes never touch the console's driver binding this way
+    assert not plan(_console_host(), request(Mode.ACCEL)).impact.notes

@@ -17,13 +17,15 @@ from .builders import host
 from .conftest import Api
 
 A16 = 0x25B6
+A16_SUBSYSTEM = 0x14A9  # the catalog tells the A16 from the A2 (same device id) by it
 GPU = "0000:1b:00.0"
 VGPU = {"mode": "vgpu", "vgpu_type": "NVIDIA A16-4Q", "vgpu_count": 2}
 
 
 def a16_host(name: str, **sriov: Any) -> dict[str, Any]:
     """One A16 on the data-center driver, VFs off; ``sriov`` are the Sriov fields beyond the counts."""
-    snap = host(name, 1, device=A16, changes={GPU: {"sriov": Sriov(total_vfs=16, num_vfs=0, **sriov)}})
+    sriov_now = Sriov(total_vfs=16, num_vfs=0, **sriov)
+    snap = host(name, 1, device=A16, changes={GPU: {"sriov": sriov_now, "subsystem_device": A16_SUBSYSTEM}})
     return snap.to_dict()
 
 
@@ -31,6 +33,7 @@ def old_agent_body(name: str) -> dict[str, Any]:
     """What an agent from before the fields sends: no such keys, its fingerprint over exactly that."""
     body = a16_host(name)
     for fn in body["functions"]:
+        del fn["boot_vga"]  # added to v1 later still
         if fn["sriov"]:
             del fn["sriov"]["offset"], fn["sriov"]["stride"]
     body.pop("fingerprint")

@@ -43,7 +43,39 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 console = Console()
 err_console = Console(stderr=True)
 
-RootOpt = typer.Option("/", "--root", help="Root directory of the host (an emulated host's directory).")
+
+def _host_root(value: str) -> str:
+    """``--root`` must be a host's root: one clear line naming the path otherwise, never a traceback."""
+    import os
+
+    what = None
+    if not os.path.exists(value):
+        what = "does not exist"
+    elif not os.path.isdir(value):
+        what = "is not a directory"
+    elif not os.path.isdir(os.path.join(value, "sys/bus/pci/devices")):
+        what = "is not a host's root (it has no sys/bus/pci/devices)"
+    if what is not None:
+        from rich.markup import escape
+
+        err_console.print(
+            f"[bold red]error:[/] --root {escape(value)} {what}", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return value
+
+
+RootOpt = typer.Option(
+    "/", "--root", help="Root directory of the host (an emulated host's directory).", callback=_host_root
+)
+AllowBootVgaOpt = typer.Option(
+    False, "--allow-boot-vga", help="Let passthrough take the boot display GPU (the host console goes dark)."
+)
+WithoutHypervisorOpt = typer.Option(
+    False,
+    "--without-hypervisor",
+    help="When no hypervisor is found (no libvirt-python, no libvirtd), plan without VMs instead of failing.",
+)
 ModeOpt = typer.Option(None, "--mode", "-m", help="Target mode: accel, vgpu or passthrough.")
 GpuOpt = typer.Option(None, "--gpu", "-g", help="A GPU's PCI address (repeat for several; default: all).")
 VgpuTypeOpt = typer.Option(None, "--vgpu-type", help="vGPU type: name (L40S-4Q) or id (nvidia-1150, 1150).")
@@ -64,7 +96,10 @@ RestartVmsOpt = typer.Option(
 @contextmanager
 def _errors() -> Iterator[None]:
     """Turn the engine's exceptions into one clear line and the documented exit code."""
+    from rich.markup import escape
+
     from gpumode.domain import PciAddressError
+    from gpumode.host.vms import HypervisorError, HypervisorUnavailable
     from gpumode.modes.desired import DesiredStateError
     from gpumode.modes.engine import EngineError
     from gpumode.modes.journal import EngineBusy, JournalError
@@ -74,10 +109,10 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except (RequestError, ConfigError, DesiredStateError, PciAddressError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except (EngineBusy, EngineError, JournalError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BUSY) from None
     except KeyboardInterrupt:
         # outside a run's steps (planning, discovery): no step was cut off
@@ -87,6 +122,16 @@ def _errors() -> Iterator[None]:
             highlight=False,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except HypervisorUnavailable as exc:
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))} (--without-hypervisor plans without VMs)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except HypervisorError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _request(
@@ -97,6 +142,7 @@ def _request(
     alias: str | None,
     vm_policy: str,
     restart_vms: bool = True,
+    allow_boot_vga: bool = False,
 ) -> SwitchRequest:
     from gpumode.domain import SwitchRequest
     from gpumode.modes.policy import RequestError, parse_mode, parse_vm_policy
@@ -111,6 +157,7 @@ def _request(
         passthrough_alias=alias,
         vm_policy=parse_vm_policy(vm_policy),
         restart_vms=restart_vms,
+        allow_boot_vga=allow_boot_vga,
     )
 
 
@@ -126,15 +173,20 @@ def plan(
     vm_policy: str = VmPolicyOpt,
     restart_vms: bool = RestartVmsOpt,
     root: str = RootOpt,
+    allow_boot_vga: bool = AllowBootVgaOpt,
+    without_hypervisor: bool = WithoutHypervisorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Show the steps and the impact of a switch. Changes nothing."""
     from gpumode.host.root import Host
     from gpumode.modes import engine
 
+    config = engine.EngineConfig(without_hypervisor=without_hypervisor)
     with _errors():
         the_plan = engine.plan(
-            Host(root), _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms)
+            Host(root),
+            _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms, allow_boot_vga),
+            config=config,
         )
     if as_json:
         print(json.dumps(the_plan.to_dict(), indent=2, default=str))
@@ -189,6 +241,8 @@ def _impact(the_plan: Plan) -> Table:
     table.add_row("driver change", "yes" if imp.driver_change else "no")
     table.add_row("reboot required", "[bold red]yes[/]" if imp.reboot_required else "no")
     table.add_row("estimated time", f"{imp.estimated_seconds:g} s")
+    for note in imp.notes:
+        table.add_row("note", f"[yellow]{note}[/]")
     return table
 
 
@@ -215,6 +269,8 @@ def apply(
         False, "--from-desired", help="Re-apply each GPU's desired mode (at boot)."
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    allow_boot_vga: bool = AllowBootVgaOpt,
+    without_hypervisor: bool = WithoutHypervisorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Switch the host: plan, confirm, run with a journal; finish or undo an unfinished run first."""
@@ -259,9 +315,10 @@ def apply(
             results.extend(r for o in outcomes for r in _runs(o))
             ok = all(o.ok for o in outcomes)
         else:
-            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms)
+            request = _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms, allow_boot_vga)
+            config = engine.EngineConfig(without_hypervisor=without_hypervisor)
             if not yes and not as_json:
-                the_plan = engine.plan(host, request)
+                the_plan = engine.plan(host, request, config=config)
                 render_plan(the_plan)
                 if not sys.stdin.isatty():
                     raise RequestError(
@@ -271,7 +328,12 @@ def apply(
                     raise typer.Exit(EXIT_FAILED)
             with progress.live():
                 outcome = engine.apply(
-                    host, request, progress, rollback_on_failure=not no_rollback, rollback_unfinished=rollback
+                    host,
+                    request,
+                    progress,
+                    rollback_on_failure=not no_rollback,
+                    rollback_unfinished=rollback,
+                    config=config,
                 )
             results.extend(_runs(outcome))
             ok = outcome.ok

@@ -120,7 +120,7 @@ def nodes(
     remote: Remote = LOCAL,
 ) -> None:
     """List the nodes: mode, driver state, GPU count, when last seen."""
-    check_choice(mode, (*MODES, "none", "mixed"), "--mode")
+    check_choice(mode, (*MODES, "none", "mixed", "unknown"), "--mode")
     with remote.connect() as client:
         data = client.get("/nodes", group=group, mode=mode)
     show(data, as_json, render.nodes_table(data) if data else "no nodes have joined yet")

@@ -14,7 +14,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-MODE_STYLE = {"accel": "green", "vgpu": "magenta", "passthrough": "cyan", "none": "dim", "mixed": "yellow"}
+MODE_STYLE = {
+    "accel": "green",
+    "vgpu": "magenta",
+    "passthrough": "cyan",
+    "none": "dim",
+    "mixed": "yellow",
+    "unknown": "red",
+}
 STATUS_STYLE = {"free": "green", "in_use": "cyan", "reserved": "yellow", "lost": "bold red"}
 SEVERITY_STYLE = {"info": "", "warning": "yellow", "critical": "bold red"}
 JOB_STYLE = {

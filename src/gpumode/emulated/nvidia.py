@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 
 from gpumode.emulated.errors import kernel_error, kstrtol, kstrtoul
-from gpumode.emulated.spec import VgpuTypeSpec
+from gpumode.emulated.spec import GpuModelSpec, VgpuInterface, VgpuTypeSpec
 from gpumode.emulated.state import Device, KernelState, MdevState
 
 NVIDIA_DRIVER = "nvidia"
@@ -37,14 +37,37 @@ def physical_gpu(state: KernelState, dev: Device) -> Device:
     return state.devices[dev.physfn] if dev.physfn is not None else dev
 
 
+# R580 (vGPU 19) on Linux 6.8+ registers no mdev parent at all, Ampere included: every SR-IOV GPU uses the
+# vendor-specific VFIO framework on its VFs (public reports; the catalog's vgpu_interface_rules say the same).
+VENDOR_ONLY_BRANCH = 580
+VENDOR_ONLY_KERNEL = (6, 8)
+
+
+def vgpu_interface(state: KernelState, model: GpuModelSpec) -> VgpuInterface | None:
+    """The interface the loaded vGPU manager exposes for ``model``: the model's own, except that an R580+
+    manager on a 6.8+ kernel offers only the vendor framework (and so nothing on a GPU without SR-IOV)."""
+    if model.vgpu_interface != "mdev":
+        return model.vgpu_interface
+    core = state.module("nvidia")
+    branch = int(core.version.split(".")[0]) if core is not None and core.version[:1].isdigit() else 0
+    release = tuple(int(p) for p in state.kernel_release.split("-")[0].split(".")[:2] if p.isdigit())
+    if branch >= VENDOR_ONLY_BRANCH and release >= VENDOR_ONLY_KERNEL:
+        return "vendor" if model.sriov_total_vfs else None
+    return "mdev"
+
+
+def vgpus_on_vfs(state: KernelState, model: GpuModelSpec) -> bool:
+    return vgpu_interface(state, model) == "vendor" or model.vgpus_on_vfs
+
+
 def is_mdev_parent(state: KernelState, dev: Device) -> bool:
     """Registered mdev parent: bound to nvidia under the vGPU manager; the PF, or each VF on SR-IOV models."""
     model = state.model_of(dev)
-    if dev.driver != NVIDIA_DRIVER or model is None or model.vgpu_interface != "mdev":
+    if dev.driver != NVIDIA_DRIVER or model is None or vgpu_interface(state, model) != "mdev":
         return False
     if not vgpu_manager_active(state):
         return False
-    return dev.is_vf if model.sriov_total_vfs else not dev.is_vf
+    return dev.is_vf if model.vgpus_on_vfs else not dev.is_vf
 
 
 def is_vendor_vf(state: KernelState, dev: Device) -> bool:
@@ -54,7 +77,7 @@ def is_vendor_vf(state: KernelState, dev: Device) -> bool:
         dev.is_vf
         and dev.driver == NVIDIA_DRIVER
         and model is not None
-        and model.vgpu_interface == "vendor"
+        and vgpu_interface(state, model) == "vendor"
         and vgpu_manager_active(state)
     )
 

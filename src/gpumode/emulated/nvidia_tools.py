@@ -81,6 +81,10 @@ def _manage_one(root: Path, bdf: str, enable: bool) -> Outcome:
         return 1, "", "This is not a VGA or 3D controller.\n"
     if not (dev / "sriov_numvfs").exists():
         return 0, "", ""  # not an SR-IOV GPU: nothing to do, silently
+    st = EmulatedKernel(root).snapshot()
+    model = st.model_of(st.devices[bdf]) if bdf in st.devices else None
+    if model is not None and not nvidia.vgpus_on_vfs(st, model):
+        return 0, "", ""  # SR-IOV capable, but not a vGPU-on-VF GPU (a T4): the script skips it silently
     from gpumode.emulated.userspace import dispatch  # the script runs modprobe and nvidia-smi
 
     dispatch(root, ("modprobe", PF_STUB))
@@ -230,7 +234,7 @@ def _query(st: KernelState, version: str, gpus: list[Device]) -> str:
     )
     for g in gpus:
         model = st.model_of(g)
-        sriov = bool(model and model.sriov_total_vfs)
+        sriov = bool(model and nvidia.vgpus_on_vfs(st, model))
         out += (
             f"GPU {_bus_id(g.address)}\n"
             f"    Product Name                          : {nvidia.model_name(g.vendor, g.device)}\n"
@@ -272,7 +276,7 @@ def _creatable(st: KernelState, gpu: Device) -> list[VgpuTypeSpec]:
     model = st.model_of(gpu)
     if model is None:
         return []
-    if model.vgpu_interface == "vendor":
+    if nvidia.vgpu_interface(st, model) == "vendor":
         free = next(
             (vf for vf in st.vfs_of(gpu.address) if vf.vgpu_type == 0 and vf.driver == "nvidia"), None
         )

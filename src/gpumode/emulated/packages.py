@@ -27,6 +27,7 @@ WANTS_DIR = "etc/systemd/system/multi-user.target.wants"
 
 DATACENTER_VERSION = "550.127.05"
 VGPU_VERSION = "550.127.06"
+VGPU_R580_VERSION = "580.65.05"  # vGPU 19 KVM host driver (the a2-r580 fixture runs it)
 
 Outcome = tuple[int, str, str]  # a command's exit status, stdout, stderr
 GpuHold = str  # "gpus": /dev/nvidia<N> of every GPU on nvidia; "nvswitches": the NVSwitches; "": nothing
@@ -85,6 +86,45 @@ def _tool(name: str, package: str) -> str:
 
 _DC = "nvidia-driver-550-server"
 _VGPU = "nvidia-vgpu-ubuntu-550"
+_VGPU_580 = "nvidia-vgpu-ubuntu-580"
+
+
+def _vgpu_manager(name: str, version: str, conflicts: tuple[str, ...]) -> PackageDef:
+    """A vGPU manager package of one branch (every branch ships the same files and units)."""
+    return PackageDef(
+        name=name,
+        version=version,
+        description="NVIDIA vGPU Manager for Ubuntu KVM hosts",
+        size_kib=118_932,
+        flavour="vgpu",
+        conflicts=conflicts,
+        module_files=lambda: kmodules.nvidia_module_files("vgpu", version),
+        units=(
+            UnitDef(
+                "nvidia-vgpud.service",
+                "NVIDIA vGPU Daemon",
+                "/usr/bin/nvidia-vgpud",
+                needs_flavour="vgpu",
+            ),
+            UnitDef(
+                "nvidia-vgpu-mgr.service",
+                "NVIDIA vGPU Manager Daemon",
+                "/usr/bin/nvidia-vgpu-mgr",
+                holds="gpus",
+                needs_flavour="vgpu",
+            ),
+        ),
+        files={
+            "usr/bin/nvidia-smi": _tool("nvidia-smi", name),
+            "usr/bin/nvidia-vgpud": _tool("nvidia-vgpud", name),
+            "usr/bin/nvidia-vgpu-mgr": _tool("nvidia-vgpu-mgr", name),
+            "usr/lib/nvidia/sriov-manage": _tool("sriov-manage", name),
+            "usr/share/nvidia/vgpu/vgpuConfig.xml": (
+                '<?xml version="1.0" encoding="UTF-8"?>\n<vgpuconfig version="0x1" />\n'
+            ),
+        },
+    )
+
 
 CATALOGUE: dict[str, PackageDef] = {
     p.name: p
@@ -95,7 +135,7 @@ CATALOGUE: dict[str, PackageDef] = {
             description="NVIDIA Server Driver metapackage",
             size_kib=312_448,
             flavour="datacenter",
-            conflicts=(_VGPU,),
+            conflicts=(_VGPU, _VGPU_580),
             module_files=lambda: kmodules.nvidia_module_files("datacenter", DATACENTER_VERSION),
             units=(
                 UnitDef(
@@ -145,39 +185,8 @@ CATALOGUE: dict[str, PackageDef] = {
                 ),
             },
         ),
-        PackageDef(
-            name=_VGPU,
-            version=VGPU_VERSION,
-            description="NVIDIA vGPU Manager for Ubuntu KVM hosts",
-            size_kib=118_932,
-            flavour="vgpu",
-            conflicts=(_DC,),
-            module_files=lambda: kmodules.nvidia_module_files("vgpu", VGPU_VERSION),
-            units=(
-                UnitDef(
-                    "nvidia-vgpud.service",
-                    "NVIDIA vGPU Daemon",
-                    "/usr/bin/nvidia-vgpud",
-                    needs_flavour="vgpu",
-                ),
-                UnitDef(
-                    "nvidia-vgpu-mgr.service",
-                    "NVIDIA vGPU Manager Daemon",
-                    "/usr/bin/nvidia-vgpu-mgr",
-                    holds="gpus",
-                    needs_flavour="vgpu",
-                ),
-            ),
-            files={
-                "usr/bin/nvidia-smi": _tool("nvidia-smi", _VGPU),
-                "usr/bin/nvidia-vgpud": _tool("nvidia-vgpud", _VGPU),
-                "usr/bin/nvidia-vgpu-mgr": _tool("nvidia-vgpu-mgr", _VGPU),
-                "usr/lib/nvidia/sriov-manage": _tool("sriov-manage", _VGPU),
-                "usr/share/nvidia/vgpu/vgpuConfig.xml": (
-                    '<?xml version="1.0" encoding="UTF-8"?>\n<vgpuconfig version="0x1" />\n'
-                ),
-            },
-        ),
+        _vgpu_manager(_VGPU, VGPU_VERSION, (_DC, _VGPU_580)),
+        _vgpu_manager(_VGPU_580, VGPU_R580_VERSION, (_DC, _VGPU)),
     )
 }
 

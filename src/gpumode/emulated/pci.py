@@ -68,8 +68,9 @@ def enable_vfs(state: KernelState, pf: Device, count: int) -> list[Device]:
             device=pf.sriov_vf_device or pf.device,
             class_code=pf.class_code,
             revision=pf.revision,
+            # NVIDIA VFs report subsystem 10de:0000 (the board's id stays on the PF)
             subsystem_vendor=pf.subsystem_vendor,
-            subsystem_device=pf.subsystem_device,
+            subsystem_device=0,
             parent=pf.parent,
             numa_node=pf.numa_node,
             pcie=pf.pcie,

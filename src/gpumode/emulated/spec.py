@@ -44,6 +44,15 @@ class GpuModelSpec:
     vgpu_interface: VgpuInterface | None = None  # None: no vGPU support
     vgpu_types: tuple[VgpuTypeSpec, ...] = ()
     bar0_mib: int = 16
+    # where vGPUs live; None: on the VFs when the model has SR-IOV, else on the PF. A T4 has an SR-IOV
+    # capability (16 VFs) yet its vGPUs are mdevs on the PF.
+    vgpu_parent: Literal["pf", "vf"] | None = None
+
+    @property
+    def vgpus_on_vfs(self) -> bool:
+        if self.vgpu_parent is not None:
+            return self.vgpu_parent == "vf"
+        return bool(self.sriov_total_vfs)
 
 
 @dataclass(slots=True)

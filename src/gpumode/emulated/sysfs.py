@@ -33,7 +33,7 @@ from gpumode.emulated.state import Device, KernelState
 
 CPUS_PER_NODE = 32
 NUMA_NODES = 2
-MDEV_DRIVER = "nvidia_vgpu_vfio"  # name of NVIDIA's mdev_driver on new kernels: NOT VERIFIED
+MDEV_DRIVER = "nvidia-vgpu-vfio"  # NVIDIA's mdev_driver as sysfs names it (the module is nvidia_vgpu_vfio)
 RESOURCE_LINES = 13
 MEM_FLAGS = 0x40200
 MEMO_LIMIT = 4096  # device fragments kept (~14 KB each); past it the memo starts over (tests make many hosts)
@@ -234,11 +234,18 @@ def _bar0_mib(state: KernelState, dev: Device) -> int:
     return model.bar0_mib if model else 1
 
 
+def _bar0(address: str, class_code: int, bar0_mib: int) -> tuple[int, int] | None:
+    """(start, size) of BAR 0, as ``resource`` and ``config`` both show it; bridges have none here."""
+    if (class_code >> 8) == 0x0604:
+        return None
+    return 0x200000000000 + parse_address(address).routing_id * 0x100000000, bar0_mib << 20
+
+
 def _resource(address: str, class_code: int, bar0_mib: int) -> str:
     lines = ["0x0000000000000000 0x0000000000000000 0x0000000000000000"] * RESOURCE_LINES
-    if (class_code >> 8) != 0x0604:  # bridges have no BAR of their own here
-        size = bar0_mib << 20
-        start = 0x200000000000 + parse_address(address).routing_id * 0x100000000
+    bar = _bar0(address, class_code, bar0_mib)
+    if bar is not None:
+        start, size = bar
         lines[0] = f"0x{start:016x} 0x{start + size - 1:016x} 0x{MEM_FLAGS:016x}"
     return "\n".join(lines) + "\n"
 
@@ -273,6 +280,13 @@ def _config(view: DeviceView) -> bytes:
         port_type=port,
         bridge_buses=view.bridge_buses,
         irq=view.irq,
+        gpu=view.vendor == NVIDIA_VENDOR and view.class_code >> 16 == 0x03,
+        bar0=_bar0(view.address, view.class_code, view.bar0_mib),
+        sriov=(
+            (view.sriov[0], view.sriov[4], view.sriov[1], view.sriov[2], view.sriov[3])
+            if view.sriov
+            else None
+        ),
     )
 
 

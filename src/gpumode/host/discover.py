@@ -32,7 +32,7 @@ from gpumode.domain import (
     VendorVgpu,
     vf_addresses,
 )
-from gpumode.host.drivers import driver_flavour, gpu_mode, host_driver_state, read_driver_facts
+from gpumode.host.drivers import gpu_mode, host_driver_state, read_driver_facts
 from gpumode.host.pciids import PciIds
 from gpumode.host.pciids import default as default_ids
 from gpumode.host.root import Host
@@ -157,13 +157,14 @@ def discover(
 
     functions = _read_functions(scan)
     _check_links(scan, functions)
+    _check_gpu_groups(scan, functions)
 
-    facts = read_driver_facts(host)
+    bound = any(fn.driver == "nvidia" for fn in functions)
+    facts = read_driver_facts(host, _vgpu_manager_traces(functions), nvidia_bound=bound)
     nvidia = facts.nvidia
-    if not nvidia.loaded and any(fn.driver == "nvidia" for fn in functions):
-        # A function bound to nvidia proves the module is loaded even when proc/modules could not say so.
-        nvidia.loaded = True
-        nvidia.flavour = driver_flavour(nvidia)
+    for fn in functions:
+        if fn.vendor == NVIDIA_VENDOR and fn.class_code == UNREADABLE_ID and not fn.is_vf:
+            scan.problem(f"{scan.root}/{PCI_DEVICES}/{fn.address}/class", "unreadable: not known to be a GPU")
 
     gpus = _gpus(functions, nvidia.flavour)
     nvswitches = [
@@ -222,8 +223,12 @@ def _read_functions(scan: _Scan) -> list[PciFunction]:
 
 
 def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
+    reported = len(scan.problems)
     entries = scan.listdir(dev)
     if entries is None:
+        if not os.path.lexists(dev):
+            del scan.problems[reported:]
+            scan.problem(dev, "vanished while being read (hot-removed?); dropped")
         return None
     present = set(entries)
 
@@ -252,6 +257,10 @@ def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
             fn.iommu_group = None
     if "driver" in present:
         fn.driver = scan.link_name(f"{dev}/driver")
+    if "boot_vga" in present:
+        path = f"{dev}/boot_vga"
+        flag = scan.number(path, scan.read(path), 10, -1)
+        fn.boot_vga = flag == 1 if flag in (0, 1) else None
     if "driver_override" in present:
         override = scan.read(f"{dev}/driver_override")
         fn.driver_override = None if override in (None, "", "(null)") else override
@@ -279,6 +288,11 @@ def _read_function(scan: _Scan, dev: str, address: str) -> PciFunction | None:
     if "nvidia" in present:
         fn.vendor_vgpu = _read_vendor_vgpu(scan, f"{dev}/nvidia")
 
+    if fn.vendor == UNREADABLE_ID and not os.path.lexists(dev):
+        # removed between listing and reading: not a function with ids -1, a function that is gone
+        del scan.problems[reported:]
+        scan.problem(dev, "vanished while being read (hot-removed?); dropped")
+        return None
     ids = scan.ids
     if fn.vendor >= 0:
         fn.vendor_name = ids.vendor(fn.vendor)
@@ -401,6 +415,19 @@ def _read_vendor_vgpu(scan: _Scan, base: str) -> VendorVgpu | None:
     return VendorVgpu(creatable, max(current, 0))
 
 
+def _vgpu_manager_traces(functions: list[PciFunction]) -> list[str]:
+    """What the PCI tree shows of the vGPU manager: the vendor interface on VFs, mdev types on nvidia."""
+    traces = []
+    vendor = [fn.address for fn in functions if fn.vendor_vgpu is not None]
+    if vendor:
+        traces.append(f"{PCI_DEVICES}/{vendor[0]}/nvidia: vGPU vendor interface on {len(vendor)} VF(s)")
+    parents = [fn.address for fn in functions if fn.mdev_types and fn.driver == "nvidia"]
+    if parents:
+        where = f"{PCI_DEVICES}/{parents[0]}/mdev_supported_types"
+        traces.append(f"{where}: vGPU types on {len(parents)} function(s)")
+    return traces
+
+
 def _check_links(scan: _Scan, functions: list[PciFunction]) -> None:
     """Report links whose target does not exist, checked against listings taken once rather than a stat
     each."""
@@ -429,6 +456,23 @@ def _check_links(scan: _Scan, functions: list[PciFunction]) -> None:
         for mdev in fn.mdevs:
             if mdev.type_id not in type_ids:
                 dangling(fn, f"{mdev.uuid}/mdev_type", f"mdev_supported_types/{mdev.type_id}")
+
+
+def _check_gpu_groups(scan: _Scan, functions: list[PciFunction]) -> None:
+    """A GPU's IOMMU group must hold only functions the host lists: a member that sys/bus/pci/devices does
+    not show (removed, or vanished mid-read) makes the group partial, and passthrough of it cannot work."""
+    known = {fn.address for fn in functions}
+    for fn in functions:
+        if not fn.is_nvidia_gpu or fn.iommu_group is None:
+            continue
+        group = fn.iommu_group
+        members = scan.listdir(f"{scan.root}/sys/kernel/iommu_groups/{group}/devices", required=False)
+        for name in sorted(members or []):
+            if name not in known:
+                scan.problems.append(
+                    f"{PCI_DEVICES}/{fn.address}/iommu_group: group {group} also holds {name}, which "
+                    f"{PCI_DEVICES} does not list (a partial group)"
+                )
 
 
 # --- GPUs -------------------------------------------------------------------------------------------------

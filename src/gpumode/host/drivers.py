@@ -5,15 +5,29 @@ Everything is read from files under the host root, as a real kernel, dpkg and sy
 same code reads a real host and an emulated one. Each parser returns what it could read plus a list of
 problems (short messages naming the path); nothing here raises on odd content.
 
-Sources, in the order they are trusted:
+Which build of ``nvidia`` runs (the data-center driver or the vGPU manager: one module, two builds) is told
+from every piece of evidence a host offers, in this order (:func:`decide_flavour`):
 
-- ``proc/modules`` — which modules are loaded (``nvidia``, ``nvidia_vgpu_vfio``, ...). When it is missing (a
-  kernel without loadable modules, or a sandbox) ``sys/module/<name>/initstate`` is the fallback: the file
-  exists only for loadable modules, so built-in code with a ``sys/module`` entry is not mistaken for a
-  loaded module.
-- ``proc/driver/nvidia/version`` — ``NVRM version: NVIDIA UNIX ... Kernel Module  <version>  ...``; the open
-  build says ``Open Kernel Module``. ``sys/module/nvidia/version`` gives the version when procfs does not,
-  and ``sys/module/nvidia/taint`` (``P`` = proprietary licence) tells open from proprietary.
+1. ``sys/module/<name>/initstate`` — exists only for a loaded loadable module (built-in code with a
+   ``sys/module`` entry has none): ``nvidia_vgpu_vfio`` means the vGPU manager; ``nvidia_uvm``,
+   ``nvidia_modeset`` and ``nvidia_drm`` ship only with the data-center build.
+2. ``proc/modules`` — the same, from the kernel's module list (also the source of the listed modules).
+3. ``sys/bus/mdev/drivers`` — the vGPU manager registers its mdev driver ``nvidia-vgpu-vfio`` there; mdevs
+   bound to it are live vGPUs.
+4. the ``nvidia/`` directory (``current_vgpu_type``) on VFs — the vGPU 17+ vendor interface, also the vGPU
+   manager's (discovery passes what it found).
+5. ``proc/driver/nvidia/version`` — ``NVRM version: NVIDIA UNIX ... Kernel Module  <version>  ...`` (the open
+   build says ``Open Kernel Module``): ``nvidia`` is loaded, and its version; it does not name the build.
+   ``sys/module/nvidia/version`` gives the version when procfs does not, and ``sys/module/nvidia/taint``
+   (``P`` = proprietary licence) tells open from proprietary.
+
+A complete module list (1 or 2) without any vGPU-manager trace says data-center. Nothing is assumed: with
+``nvidia`` loaded but no module list and no trace the build is unknown (``None``, a problem, GPUs on
+``nvidia`` in mode ``unknown``), and evidence for both builds is a conflict reported the same way. Only when
+``nvidia`` is not loaded do the installed packages say which build would load.
+
+Other sources:
+
 - ``var/lib/dpkg/status`` — installed packages, classified by name (:func:`classify_package`).
 - ``run/systemd/units/invocation:<unit>`` — systemd creates it when a unit starts and removes it when the
   unit stops, so its presence means the unit is active.
@@ -37,11 +51,11 @@ SERVICES = (
 )
 
 # Package name patterns, matched against the whole name (Debian/Ubuntu naming). The vGPU manager ships as
-# ``nvidia-vgpu-ubuntu-<branch>`` (and NVIDIA's other ``nvidia-vgpu-*`` host packages). All NVIDIA ships
-# for running CUDA on the host belongs to the data-center flavour: the driver
-# (``nvidia-driver-<branch>-server[-open]`` and its ``nvidia-dkms``/``nvidia-utils``/``linux-modules-nvidia``
-# parts, ``cuda-drivers``), Fabric Manager, DCGM and the container toolkit. Other ``nvidia``/``libnvidia``
-# packages are listed without a flavour.
+# ``nvidia-vgpu-ubuntu-<branch>`` (and NVIDIA's other ``nvidia-vgpu-*`` host packages). The data-center
+# flavour is the driver (``nvidia-driver-<branch>-server[-open]`` and its ``nvidia-dkms``/``nvidia-utils``/
+# ``linux-modules-nvidia`` parts, ``cuda-drivers``) and Fabric Manager, which is built per driver branch.
+# The container toolkit and DCGM are no driver: they run beside either build (and stay installed when a host
+# moves to vGPU), so they are listed without a flavour, like other ``nvidia``/``libnvidia`` packages.
 _VGPU_PACKAGES = re.compile(r"nvidia-vgpu-.+|nvidia-vgpud?")
 _DATACENTER_PACKAGES = re.compile(
     r"nvidia-driver-\d+(-server)?(-open)?"
@@ -49,8 +63,7 @@ _DATACENTER_PACKAGES = re.compile(
     r"-\d+(-server)?(-open)?"
     r"|linux-modules-nvidia-\d+(-server)?(-open)?-.+"
     r"|nvidia-fabricmanager(-dev)?-\d+"
-    r"|nvidia-container-toolkit(-base)?|libnvidia-container(1|-tools)"
-    r"|cuda-drivers(-\d+)?|datacenter-gpu-manager(-\d+)?"
+    r"|cuda-drivers(-\d+)?"
 )
 _NVIDIA_PACKAGE = re.compile(r"(lib)?nvidia.*|cuda-drivers.*|datacenter-gpu-manager.*")
 # Every name the patterns above can match starts with one of these: dpkg stanzas are looked up by them.
@@ -62,6 +75,10 @@ _DRIVER_PACKAGE_PREFIXES = (
     "datacenter-gpu-manager",
 )
 
+VGPU_MODULE = "nvidia_vgpu_vfio"
+VGPU_MDEV_DRIVER = "nvidia-vgpu-vfio"  # the mdev driver's sysfs name (the module's, with hyphens)
+DATACENTER_ONLY_MODULES = ("nvidia_uvm", "nvidia_modeset", "nvidia_drm")  # not shipped by the vGPU build
+MDEV_DRIVERS = "sys/bus/mdev/drivers"
 _NVRM_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+$")
 _MODULE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -77,12 +94,22 @@ def classify_package(name: str) -> Flavour | None:
 
 
 @dataclass(slots=True)
+class FlavourEvidence:
+    """What the host shows about the ``nvidia`` build, each entry naming its source."""
+
+    vgpu: list[str] = field(default_factory=list)  # traces of the vGPU manager
+    datacenter: list[str] = field(default_factory=list)  # modules only the data-center build ships
+    module_list: str | None = None  # where a complete list of loaded modules was read, if anywhere
+
+
+@dataclass(slots=True)
 class DriverFacts:
     """What :func:`read_driver_facts` found; ``problems`` name the path of every odd thing."""
 
     modules: list[LoadedModule]
     nvidia: NvidiaDriver
     problems: list[str] = field(default_factory=list)
+    evidence: FlavourEvidence = field(default_factory=FlavourEvidence)
 
 
 # --- small file helpers -----------------------------------------------------------------------------------
@@ -131,14 +158,35 @@ def parse_proc_modules(text: str, source: str = "proc/modules") -> tuple[list[Lo
     return modules, problems
 
 
-def _modules_from_sysfs(host: Host) -> list[str]:
-    """Loadable modules that are loaded, from ``sys/module/*/initstate`` (the fallback without procfs)."""
+def _modules_from_sysfs(host: Host) -> list[str] | None:
+    """Loadable modules that are loaded, from ``sys/module/*/initstate``; ``None`` without ``sys/module``."""
     base = host.path("sys/module")
     try:
         entries = os.listdir(base)
     except OSError:
-        return []
+        return None
     return sorted(name for name in entries if os.path.exists(os.path.join(base, name, "initstate")))
+
+
+def _mdev_driver_evidence(host: Host, evidence: FlavourEvidence, problems: list[str]) -> None:
+    """``sys/bus/mdev/drivers/nvidia-vgpu-vfio`` (and the mdevs bound to it) is the vGPU manager's."""
+    base = host.path(MDEV_DRIVERS)
+    try:
+        drivers = os.listdir(base)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        problems.append(f"{MDEV_DRIVERS}: unreadable ({exc.strerror or exc})")
+        return
+    for name in drivers:
+        if name.replace("_", "-") != VGPU_MDEV_DRIVER:
+            continue
+        try:
+            bound = [e for e in os.listdir(base / name) if os.path.islink(base / name / e)]
+        except OSError:
+            bound = []
+        live = f": {len(bound)} mdev(s) bound" if bound else ""
+        evidence.vgpu.append(f"{MDEV_DRIVERS}/{name}{live}")
 
 
 # --- the nvidia module ------------------------------------------------------------------------------------
@@ -260,8 +308,14 @@ def read_services(host: Host, problems: list[str], units: Iterable[str] = SERVIC
 # --- the whole picture ------------------------------------------------------------------------------------
 
 
-def read_driver_facts(host: Host) -> DriverFacts:
-    """Read modules, the NVIDIA driver, its packages and services of ``host``."""
+def read_driver_facts(
+    host: Host, pci_traces: Iterable[str] = (), *, nvidia_bound: bool = False
+) -> DriverFacts:
+    """Read modules, the NVIDIA driver, its packages and services of ``host``, and decide its build.
+
+    ``pci_traces`` are the vGPU-manager traces discovery found in the PCI tree (source 4: VF ``nvidia/``
+    directories, mdev types on nvidia-bound functions); ``nvidia_bound``: a function is bound to nvidia,
+    which proves the module is loaded even where proc/modules cannot say so."""
     problems: list[str] = []
     modules: list[LoadedModule] = []
     try:
@@ -271,16 +325,26 @@ def read_driver_facts(host: Host) -> DriverFacts:
     except OSError as exc:
         problems.append(f"proc/modules: unreadable ({exc.strerror or exc}); modules taken from sys/module")
         text = None
-    if text is None:
-        loaded = set(_modules_from_sysfs(host))
-    else:
+    evidence = FlavourEvidence()
+    from_sysfs = _modules_from_sysfs(host)
+    loaded = set(from_sysfs or [])
+    if from_sysfs is not None:
+        evidence.module_list = "sys/module"
+        _module_evidence("sys/module", loaded, evidence)
+    if text is not None:
         modules, bad = parse_proc_modules(text)
         problems.extend(bad)
-        loaded = {m.name for m in modules}
+        listed = {m.name for m in modules}
+        evidence.module_list = "proc/modules"
+        _module_evidence("proc/modules", listed, evidence)
+        loaded |= listed
+    _mdev_driver_evidence(host, evidence, problems)
+
+    evidence.vgpu.extend(pci_traces)
 
     nvidia = NvidiaDriver()
-    nvidia.loaded = "nvidia" in loaded
-    nvidia.vgpu_vfio_loaded = "nvidia_vgpu_vfio" in loaded
+    nvidia.loaded = "nvidia" in loaded or nvidia_bound
+    nvidia.vgpu_vfio_loaded = VGPU_MODULE in loaded
 
     try:
         status = _read_text(str(host.path("var/lib/dpkg/status")))
@@ -291,35 +355,67 @@ def read_driver_facts(host: Host) -> DriverFacts:
         nvidia.packages = driver_packages(parse_dpkg_status(status, _DRIVER_PACKAGE_PREFIXES))
     nvidia.services = read_services(host, problems)
 
+    if host.path("proc/driver/nvidia/version").exists():
+        nvidia.loaded = True  # procfs has the file exactly while nvidia is loaded
     if nvidia.loaded or host.path("sys/module/nvidia").is_dir():
         nvidia.version, nvidia.open_kernel_module = _nvidia_module_facts(host, problems)
-    nvidia.flavour = driver_flavour(nvidia, problems)
-    return DriverFacts(modules, nvidia, problems)
+    nvidia.flavour = decide_flavour(nvidia, evidence, problems)
+    return DriverFacts(modules, nvidia, problems, evidence)
 
 
-def driver_flavour(nvidia: NvidiaDriver, problems: list[str] | None = None) -> Flavour | None:
+def _module_evidence(source: str, loaded: set[str], evidence: FlavourEvidence) -> None:
+    if VGPU_MODULE in loaded:
+        evidence.vgpu.append(f"{source}: {VGPU_MODULE} loaded")
+    only_dc = [m for m in DATACENTER_ONLY_MODULES if m in loaded]
+    if only_dc:
+        evidence.datacenter.append(f"{source}: {', '.join(only_dc)} loaded (data-center build only)")
+
+
+def decide_flavour(
+    nvidia: NvidiaDriver, evidence: FlavourEvidence, problems: list[str] | None = None
+) -> Flavour | None:
     """Which build of the ``nvidia`` module the host runs (or, when none is loaded, would load).
 
-    Loaded: ``nvidia_vgpu_vfio`` loaded, or only vGPU-manager packages installed → ``vgpu``; otherwise
-    ``datacenter``. Not loaded: the flavour of the installed driver packages when there is exactly one, else
-    ``None``. Both flavours installed at once cannot work (they ship the same module) and is reported.
+    Loaded: any vGPU-manager trace → ``vgpu``; a data-center-only module, or a complete module list without
+    such a trace → ``datacenter``; traces of both → ``None`` and a problem (a conflict); no module list and
+    no trace → ``None`` and a problem (nothing to tell by). Not loaded: the flavour of the installed driver
+    packages when there is exactly one, else ``None``. Both flavours installed at once cannot work (they
+    ship the same module) and is reported.
     """
+    out = problems if problems is not None else []
     installed = {p.flavour for p in nvidia.packages if p.flavour is not None}
-    if len(installed) > 1 and problems is not None:
-        problems.append(
+    if len(installed) > 1:
+        both = sorted(p.name for p in nvidia.packages if p.flavour is not None)
+        out.append(
             "var/lib/dpkg/status: both data-center and vGPU-manager driver packages are installed "
-            "(they ship the same nvidia module)"
+            f"({', '.join(both)}; they ship the same nvidia module)"
         )
-    if nvidia.loaded:
-        if nvidia.vgpu_vfio_loaded or installed == {Flavour.VGPU}:
-            return Flavour.VGPU
+    if not nvidia.loaded:
+        return next(iter(installed)) if len(installed) == 1 else None
+    if evidence.vgpu and evidence.datacenter:
+        out.append(
+            "nvidia build unknown: the host shows both the vGPU manager "
+            f"({'; '.join(evidence.vgpu)}) and the data-center driver ({'; '.join(evidence.datacenter)}); "
+            "GPUs on nvidia are in mode unknown"
+        )
+        return None
+    if evidence.vgpu:
+        return Flavour.VGPU
+    if evidence.datacenter or evidence.module_list is not None:
         return Flavour.DATACENTER
-    return next(iter(installed)) if len(installed) == 1 else None
+    out.append(
+        "nvidia build unknown: nvidia is loaded, but there is no module list (proc/modules, sys/module) and "
+        f"no vGPU-manager trace ({MDEV_DRIVERS}, VF nvidia/ directories); GPUs on nvidia are in mode unknown"
+    )
+    return None
 
 
 def gpu_mode(driver: str | None, flavour: Flavour | None) -> Mode:
-    """The mode a GPU is in, from the driver bound to it and the host's nvidia flavour."""
+    """The mode a GPU is in, from the driver bound to it and the host's nvidia flavour (``None``: the build
+    could not be told, so a GPU on nvidia is ``unknown``)."""
     if driver == "nvidia":
+        if flavour is None:
+            return Mode.UNKNOWN
         return Mode.VGPU if flavour is Flavour.VGPU else Mode.ACCEL
     if driver in ("vfio-pci", "nvgrace_gpu_vfio_pci"):
         return Mode.PASSTHROUGH
@@ -331,6 +427,7 @@ _STATE_OF_MODE = {
     Mode.VGPU: DriverState.VGPU_HOST,
     Mode.PASSTHROUGH: DriverState.VFIO,
     Mode.NONE: DriverState.NONE,
+    Mode.UNKNOWN: DriverState.UNKNOWN,
 }
 
 
@@ -345,6 +442,8 @@ def host_driver_state(modes: Iterable[Mode]) -> DriverState:
     states = {_STATE_OF_MODE[m] for m in modes}
     if not states:
         return DriverState.NONE
+    if DriverState.UNKNOWN in states:
+        return DriverState.UNKNOWN
     if len(states) == 1:
         return states.pop()
     return DriverState.MIXED

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumode.domain import PciAddress, PciAddressError
-from gpumode.host.vms import HypervisorError, Vm, VmDevice
+from gpumode.host.vms import HypervisorError, HypervisorUnavailable, Vm, VmDevice
 
 # Our private corner of <metadata>: detached <hostdev> elements wait here for a rollback.
 METADATA_NS = "https://gpumode.dev/xmlns/libvirt/1"
@@ -36,9 +36,10 @@ def _libvirt() -> Any:
     """Import libvirt-python lazily: the rest of gpumode (and emulated hosts) must work without it."""
     try:
         import libvirt
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise HypervisorError(
-            "libvirt-python is not installed; install gpumode[libvirt] (needs libvirt-dev and pkg-config)"
+    except ImportError as exc:
+        raise HypervisorUnavailable(
+            "no hypervisor library: libvirt-python is not installed; install the extra gpumode[libvirt] "
+            "(needs libvirt-dev and pkg-config)"
         ) from exc
     return libvirt
 
@@ -150,7 +151,9 @@ class LibvirtHypervisor:
             try:
                 self._conn = libvirt.open(self.uri)
             except libvirt.libvirtError as exc:
-                raise HypervisorError(f"cannot connect to libvirt at {self.uri}: {exc}") from exc
+                raise HypervisorUnavailable(
+                    f"no hypervisor running: cannot connect to libvirt at {self.uri}: {exc}"
+                ) from exc
         return self._conn
 
     def close(self) -> None:

@@ -64,8 +64,16 @@ class Host:
         return self.root / "proc"
 
     def relative(self, path: Path) -> str:
-        """``path`` as seen from the root (``sys/bus/pci/...``), for messages and the emulated kernel."""
-        return os.path.relpath(path, self.root)
+        """``path`` as seen from the root (``sys/bus/pci/...``), for messages and the emulated kernel.
+
+        A path reached through a symlink (a resolved sysfs link, a root under a symlinked directory) is
+        compared on both sides' real paths, so it never comes out as ``../../sys/...``."""
+        rel = os.path.relpath(path, self.root)
+        if rel == ".." or rel.startswith("../"):
+            real = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root))
+            if real != ".." and not real.startswith("../"):
+                return real
+        return rel
 
     def write(self, path: Path, value: str) -> None:
         """Write ``value`` to a kernel file (sysfs/procfs); raises :class:`OSError` with the kernel's errno.

@@ -24,6 +24,13 @@ class HypervisorError(RuntimeError):
     """A VM operation failed; the message names the VM and what was attempted."""
 
 
+class HypervisorUnavailable(HypervisorError):
+    """No hypervisor to ask: its client library is not installed, or no hypervisor answers."""
+
+
+NO_HYPERVISOR_NOTE = "no hypervisor found: no VMs considered"
+
+
 class Hypervisor(Protocol):
     def list_vms(self) -> list[Vm]:
         """All defined VMs (running or not) with their host devices."""
@@ -44,6 +51,35 @@ class Hypervisor(Protocol):
     def attach_device(self, name: str, device: VmDevice) -> None:
         """Add ``device`` back to the VM's persistent definition (rollback). Present: no-op."""
         ...
+
+
+class NoHypervisor:
+    """Stands in when no hypervisor is found and the operator chose to go on without one: there are no VMs,
+    and anything asked of a VM fails with the reason none was found."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"NoHypervisor({self.reason!r})"
+
+    def list_vms(self) -> list[Vm]:
+        return []
+
+    def _refuse(self, name: str) -> HypervisorUnavailable:
+        return HypervisorUnavailable(f"cannot act on VM {name}: {self.reason}")
+
+    def shutdown(self, name: str, *, timeout: float = 60.0) -> None:
+        raise self._refuse(name)
+
+    def start(self, name: str) -> None:
+        raise self._refuse(name)
+
+    def detach_device(self, name: str, device: VmDevice) -> None:
+        raise self._refuse(name)
+
+    def attach_device(self, name: str, device: VmDevice) -> None:
+        raise self._refuse(name)
 
 
 def open_hypervisor(host: Host, uri: str | None = None) -> Hypervisor:

@@ -38,6 +38,7 @@ ACTIONS = (
     "command.run",
     "bind.host",
     "sriov.enable",
+    "vgpu.resolve",
     "vgpu.create",
     "cloud.register_cards",
     "cloud.deploy_env",
@@ -47,7 +48,11 @@ Condition = Literal["always", "nvswitch"]
 VgpuInterface = Literal["mdev", "vendor"]
 InstallerKind = Literal["apt", "run"]
 
-_DEVICE_ID = re.compile(r"^[0-9a-f]{4}$")
+# "10de:25b6" (any subsystem) or "10de:25b6:10de:157e" (that board only); a bare "25b6" means vendor 10de
+_MODEL_KEY = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{4})(?::([0-9a-f]{4}):([0-9a-f]{4}))?$")
+NVIDIA_VENDOR_ID = 0x10DE
+_KERNEL_VERSION = re.compile(r"^(\d+)\.(\d+)")
+_BRANCH = re.compile(r"^(\d+)\.")
 
 
 # --- the catalog --------------------------------------------------------------------------------------------
@@ -112,37 +117,102 @@ class VgpuType:
         return f"nvidia-{self.id}"
 
 
+VgpuParent = Literal["pf", "vf"]
+ModelKey = tuple[int, int, int | None, int | None]  # vendor, device, subsystem vendor, subsystem device
+
+
 @dataclass(frozen=True, slots=True)
 class GpuModel:
-    device: int  # PCI device id (vendor 10de)
+    device: int  # PCI device id
     name: str
     alias: str  # default passthrough alias
     sriov_vfs: int = 0  # 0: no SR-IOV
     vgpu_interface: VgpuInterface | None = None  # None: no vGPU
     vgpu_types: tuple[VgpuType, ...] = ()
+    vendor: int = NVIDIA_VENDOR_ID
+    subsystem: tuple[int, int] | None = None  # None: every board with this device id
+    parent: VgpuParent | None = None  # None: on the VFs when the model has SR-IOV, else on the PF
 
     @property
-    def vgpu_parent(self) -> Literal["pf", "vf"] | None:
-        """Where vGPUs live: on the PF (Turing mdev) or on the VFs (Ampere mdev, vendor interface)."""
+    def vgpu_parent(self) -> VgpuParent | None:
+        """Where vGPUs live: on the PF (Turing mdev, even on a T4 that has an SR-IOV capability) or on the
+        VFs (Ampere mdev, vendor interface)."""
         if self.vgpu_interface is None:
             return None
+        if self.parent is not None:
+            return self.parent
         return "vf" if self.sriov_vfs else "pf"
+
+    @property
+    def key(self) -> ModelKey:
+        sub = self.subsystem
+        return (self.vendor, self.device, sub[0] if sub else None, sub[1] if sub else None)
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceRule:
+    """What a vGPU manager branch exposes on a kernel, whatever the model (cited in the catalog)."""
+
+    min_branch: int
+    min_kernel: tuple[int, int]
+    interface: VgpuInterface
+    source: str
+
+
+def driver_branch(version: str | None) -> int | None:
+    """The branch of an NVIDIA driver version: ``580`` for ``580.65.05``; ``None`` when unreadable."""
+    match = _BRANCH.match(version or "")
+    return int(match.group(1)) if match else None
+
+
+def kernel_version(release: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a kernel release string (``6.8.0-45-generic`` → (6, 8)); ``None`` if unreadable."""
+    match = _KERNEL_VERSION.match(release or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
     source: str
     flavours: Mapping[Flavour, FlavourSpec]
-    models: Mapping[int, GpuModel]
+    models: Mapping[ModelKey, GpuModel]
     estimates: Mapping[str, float] = field(default_factory=dict)
+    interface_rules: tuple[InterfaceRule, ...] = ()
     vm_shutdown_timeout_s: float = 120.0
     default_estimate_s: float = 1.0
 
     def flavour(self, flavour: Flavour) -> FlavourSpec:
         return self.flavours[flavour]
 
-    def model(self, device: int) -> GpuModel | None:
-        return self.models.get(device)
+    def model(
+        self, device: int, subsystem: tuple[int, int] | None = None, vendor: int = NVIDIA_VENDOR_ID
+    ) -> GpuModel | None:
+        """The board with these ids: the entry for its subsystem ids first, else the one for every board
+        with that device id. One PCI id can be two boards (10de:25b6 is the A2 and the A16), so a board
+        whose subsystem the catalog does not list gets no other board's vGPU types."""
+        if subsystem is not None:
+            exact = self.models.get((vendor, device, subsystem[0], subsystem[1]))
+            if exact is not None:
+                return exact
+        return self.models.get((vendor, device, None, None))
+
+    def predicted_interface(
+        self, model: GpuModel, branch: int | None, kernel: str | None
+    ) -> tuple[VgpuInterface, VgpuParent] | None:
+        """Which vGPU interface ``model`` will expose under vGPU manager ``branch`` on ``kernel``, before the
+        manager is loaded: the first matching :class:`InterfaceRule`, else the model's own entry. The vendor
+        interface lives on VFs, so a model without SR-IOV then offers no vGPU at all (``None``)."""
+        if model.vgpu_interface is None or model.vgpu_parent is None:
+            return None
+        release = kernel_version(kernel)
+        for rule in self.interface_rules:
+            if branch is None or release is None:
+                break  # unknown branch or kernel: nothing better than the model's entry is known
+            if branch >= rule.min_branch and release >= rule.min_kernel:
+                if rule.interface == "vendor":
+                    return ("vendor", "vf") if model.sriov_vfs else None
+                return "mdev", model.vgpu_parent
+        return model.vgpu_interface, model.vgpu_parent
 
     def estimate(self, action: str) -> float:
         return self.estimates.get(action, self.default_estimate_s)
@@ -174,7 +244,7 @@ def _parse_catalog_text(source: str, text: str) -> Catalog:
 def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
     top = Node(source, "", data).mapping(
         required=("version", "flavours", "gpu_models"),
-        optional=("estimates", "vm_shutdown_timeout_s", "default_estimate_s"),
+        optional=("estimates", "vm_shutdown_timeout_s", "default_estimate_s", "vgpu_interface_rules"),
     )
     if top["version"].value != CATALOG_VERSION:
         raise top["version"].error(
@@ -182,13 +252,25 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
         )
     flavours_node = top["flavours"].mapping(required=tuple(f.value for f in Flavour))
     flavours = {f: _flavour(f, flavours_node[f.value]) for f in Flavour}
-    models: dict[int, GpuModel] = {}
+    models: dict[ModelKey, GpuModel] = {}
     for key, node in top["gpu_models"].entries():
-        if not _DEVICE_ID.match(key):
+        match = _MODEL_KEY.match(key)
+        if not match:
             raise node.error(
-                "GPU model keys are PCI device ids: 4 lowercase hex digits, quoted (e.g. '26b9')"
+                "GPU model keys are quoted PCI ids in lowercase hex: 'vendor:device' (e.g. '10de:26b9') or "
+                "'vendor:device:subsystem_vendor:subsystem_device' (e.g. '10de:25b6:10de:157e')"
             )
-        models[int(key, 16)] = _model(int(key, 16), node)
+        vendor = int(match.group(1) or "10de", 16)
+        subsystem = (int(match.group(3), 16), int(match.group(4), 16)) if match.group(3) else None
+        model = _model(int(match.group(2), 16), node, vendor, subsystem)
+        if model.key in models:
+            raise node.error(f"duplicate GPU model {key!r}")
+        models[model.key] = model
+    rules = (
+        tuple(_interface_rule(n) for n in top["vgpu_interface_rules"].items())
+        if "vgpu_interface_rules" in top
+        else ()
+    )
     estimates: dict[str, float] = {}
     if "estimates" in top:
         for action, node in top["estimates"].entries():
@@ -200,6 +282,7 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
         flavours=flavours,
         models=models,
         estimates=estimates,
+        interface_rules=rules,
         vm_shutdown_timeout_s=top["vm_shutdown_timeout_s"].number()
         if "vm_shutdown_timeout_s" in top
         else 120.0,
@@ -287,16 +370,34 @@ def _condition(node: Node) -> Condition:
     return "nvswitch" if node.choice(("always", "nvswitch")) == "nvswitch" else "always"
 
 
-def _model(device: int, node: Node) -> GpuModel:
+def _interface_rule(node: Node) -> InterfaceRule:
+    m = node.mapping(required=("min_branch", "min_kernel", "interface", "source"))
+    kernel = kernel_version(m["min_kernel"].text())
+    if kernel is None:
+        raise m["min_kernel"].error("expected a kernel version such as '6.8'")
+    interface: VgpuInterface = "mdev" if m["interface"].choice(("mdev", "vendor")) == "mdev" else "vendor"
+    return InterfaceRule(m["min_branch"].integer(minimum=1), kernel, interface, m["source"].text())
+
+
+def _model(
+    device: int, node: Node, vendor: int = NVIDIA_VENDOR_ID, subsystem: tuple[int, int] | None = None
+) -> GpuModel:
     m = node.mapping(required=("name", "alias"), optional=("sriov_vfs", "vgpu"))
     sriov_vfs = m["sriov_vfs"].integer() if "sriov_vfs" in m else 0
     interface: VgpuInterface | None = None
+    parent: VgpuParent | None = None
     types: tuple[VgpuType, ...] = ()
     if "vgpu" in m:
-        v = m["vgpu"].mapping(required=("interface", "types"))
+        v = m["vgpu"].mapping(required=("interface", "types"), optional=("parent",))
         interface = "mdev" if v["interface"].choice(("mdev", "vendor")) == "mdev" else "vendor"
         if interface == "vendor" and not sriov_vfs:
             raise v["interface"].error("the vendor interface lives on SR-IOV VFs: set sriov_vfs")
+        if "parent" in v:
+            parent = "pf" if v["parent"].choice(("pf", "vf")) == "pf" else "vf"
+            if parent == "vf" and not sriov_vfs:
+                raise v["parent"].error("vGPUs on VFs need SR-IOV: set sriov_vfs")
+            if parent == "pf" and interface == "vendor":
+                raise v["parent"].error("the vendor interface lives on VFs, not on the PF")
         types = tuple(_vgpu_type(n) for n in v["types"].items())
         if not types:
             raise v["types"].error("list at least one vGPU type, or drop 'vgpu'")
@@ -312,6 +413,9 @@ def _model(device: int, node: Node) -> GpuModel:
         sriov_vfs=sriov_vfs,
         vgpu_interface=interface,
         vgpu_types=types,
+        vendor=vendor,
+        subsystem=subsystem,
+        parent=parent,
     )
 
 

@@ -32,7 +32,7 @@ from gpumode.domain import (
 )
 from gpumode.host.discover import discover
 from gpumode.host.root import Host
-from gpumode.host.vms import Hypervisor, open_hypervisor
+from gpumode.host.vms import NO_HYPERVISOR_NOTE, Hypervisor, HypervisorUnavailable, open_hypervisor
 from gpumode.modes import verify
 from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.desired import (
@@ -61,6 +61,8 @@ class EngineConfig:
     catalog: str | Path | None = None
     whitelist: str | Path | None = None
     host_group: str | None = None
+    # plan without VMs when no hypervisor is found (the plan says so); otherwise that is an error
+    without_hypervisor: bool = False
 
     def load(self, host: Host) -> tuple[Catalog, Whitelist]:
         catalog = self.catalog or _host_file(host, "catalog.yaml")
@@ -105,9 +107,19 @@ def plan(
     hv = hypervisor or open_hypervisor(host)
     snapshot = snapshot or discover(host)
     request = replace(request, gpus=_canonical_gpus(snapshot, request.gpus))
-    return plan_switch(
-        snapshot, hv.list_vms(), request, catalog=catalog, whitelist=whitelist, host_group=config.host_group
+    note = None
+    try:
+        vms = hv.list_vms()
+    except HypervisorUnavailable as exc:
+        if not config.without_hypervisor:
+            raise
+        vms, note = [], f"{NO_HYPERVISOR_NOTE} ({exc})"
+    the_plan = plan_switch(
+        snapshot, vms, request, catalog=catalog, whitelist=whitelist, host_group=config.host_group
     )
+    if note is not None:
+        the_plan.impact.notes.append(note)
+    return the_plan
 
 
 def _canonical_gpus(snapshot: HostSnapshot, gpus: list[str]) -> list[str]:

@@ -202,6 +202,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         passthrough_alias=req.get("passthrough_alias"),
         vm_policy=VmPolicy(req.get("vm_policy", VmPolicy.GPU)),
         restart_vms=bool(req.get("restart_vms", True)),
+        allow_boot_vga=bool(req.get("allow_boot_vga", False)),
     )
     imp = dict(data.get("impact", {}))
     imp["gpus"] = {a: (Mode(now), Mode(after)) for a, (now, after) in imp.get("gpus", {}).items()}

@@ -34,7 +34,15 @@ from gpumode.domain import (
     VmPolicy,
 )
 from gpumode.modes.catalog import Catalog, FlavourSpec
-from gpumode.modes.policy import RequestError, Resolved, VgpuChoice, Whitelist, resolve_request
+from gpumode.modes.policy import (
+    RequestError,
+    Resolved,
+    VgpuChoice,
+    Whitelist,
+    boot_display,
+    model_of,
+    resolve_request,
+)
 
 VFIO_DRIVER = "vfio-pci"
 VFIO_MODULE = "vfio_pci"
@@ -134,6 +142,12 @@ class _Planner:
         drafts = [*vm_steps, *host, *self._vm_restarts(vm_steps), *self._cloud_steps()]
 
         steps = [self._step(i, d) for i, d in enumerate(drafts, start=1)]
+        for w in work:
+            if w.to_vfio and boot_display(self.snap, w.gpu):
+                self.impact.notes.append(
+                    f"GPU {w.gpu.address} is the boot display (boot_vga = 1): the host console goes dark "
+                    "when it moves to vfio-pci"
+                )
         self.impact.gpus = {w.gpu.address: (w.gpu.mode, w.target) for w in work}
         self.impact.driver_change = bool(teardown) or install
         self.impact.estimated_seconds = round(sum(s.estimate_s for s in steps), 3)
@@ -557,6 +571,11 @@ class _Planner:
                 continue
             a = w.gpu.address
             t = choice.type
+            if choice.offer.source == "catalog":
+                # the host could not show its types when this was planned: check them before creating any
+                resolve = {"name": t.name, "type": t.id, "interface": choice.offer.interface}
+                what = f"check that {a} offers {t.name} as type {t.id} ({choice.offer.interface})"
+                drafts.append(_Draft("vgpu.resolve", a, resolve, what))
             vfs = self._vf_addresses(a, choice.count) if choice.offer.parent == "vf" else []
             for index in range(choice.count):
                 vf_index = index if choice.offer.parent == "vf" else None
@@ -634,7 +653,7 @@ class _Planner:
     def _alias(self, gpu: Gpu) -> str:
         if self.res.request.passthrough_alias:
             return self.res.request.passthrough_alias.strip()
-        model = self.catalog.model(gpu.device)
+        model = model_of(self.snap, gpu, self.catalog)
         return model.alias if model is not None else f"10de-{gpu.device:04x}"
 
 

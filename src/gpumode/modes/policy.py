@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpumode.domain import (
+    Flavour,
     Gpu,
     HostSnapshot,
     Mode,
@@ -31,7 +32,7 @@ from gpumode.domain import (
     VmPolicy,
     normalize_address,
 )
-from gpumode.modes.catalog import Catalog, VgpuInterface, VgpuType
+from gpumode.modes.catalog import Catalog, GpuModel, VgpuInterface, VgpuType, driver_branch
 from gpumode.yamlfile import Node, read_yaml
 
 WHITELIST_VERSION = "v1"
@@ -182,10 +183,12 @@ class VgpuOffer:
 
 
 def vgpu_offer(snapshot: HostSnapshot, gpu: Gpu, catalog: Catalog) -> VgpuOffer | None:
-    """What vGPUs ``gpu`` offers: the host's sysfs when the vGPU manager shows types, else the catalog."""
-    model = catalog.model(gpu.device)
-    known = {t.id: t for t in model.vgpu_types} if model else {}
+    """What vGPUs ``gpu`` offers: the host's sysfs when the vGPU manager shows types, else the catalog's
+    entry for the board (by device and subsystem ids) with the interface predicted for the vGPU manager's
+    branch and the host's kernel."""
     pf = snapshot.function(gpu.address)
+    model = model_of(snapshot, gpu, catalog)
+    known = {t.id: t for t in model.vgpu_types} if model else {}
     vfs = [f for f in (snapshot.function(a) for a in gpu.vfs) if f is not None]
     total_vfs = (
         pf.sriov.total_vfs if pf is not None and pf.sriov is not None else (model.sriov_vfs if model else 0)
@@ -223,11 +226,29 @@ def vgpu_offer(snapshot: HostSnapshot, gpu: Gpu, catalog: Catalog) -> VgpuOffer 
             if t.type_id.rsplit("-", 1)[-1].isdigit()
         }
         return VgpuOffer("mdev", "vf", from_host(entries), len(vfs), "host")
-    if model is None or model.vgpu_interface is None or model.vgpu_parent is None:
+    if model is None:
         return None
-    return VgpuOffer(
-        model.vgpu_interface, model.vgpu_parent, model.vgpu_types, total_vfs or model.sriov_vfs, "catalog"
-    )
+    predicted = catalog.predicted_interface(model, vgpu_branch(snapshot, catalog), snapshot.kernel)
+    if predicted is None:
+        return None
+    interface, parent = predicted
+    num_vfs = (total_vfs or model.sriov_vfs) if parent == "vf" else 0
+    return VgpuOffer(interface, parent, model.vgpu_types, num_vfs, "catalog")
+
+
+def model_of(snapshot: HostSnapshot, gpu: Gpu, catalog: Catalog) -> GpuModel | None:
+    """The catalog's entry for the board ``gpu`` is, by vendor, device and subsystem ids."""
+    pf = snapshot.function(gpu.address)
+    if pf is None:
+        return catalog.model(gpu.device)
+    return catalog.model(pf.device, (pf.subsystem_vendor, pf.subsystem_device), pf.vendor)
+
+
+def vgpu_branch(snapshot: HostSnapshot, catalog: Catalog) -> int | None:
+    """The vGPU manager branch the GPUs will run: the loaded one, else the one the catalog installs."""
+    if snapshot.nvidia.flavour is Flavour.VGPU and snapshot.nvidia.version:
+        return driver_branch(snapshot.nvidia.version)
+    return driver_branch(catalog.flavour(Flavour.VGPU).version)
 
 
 # --- request validation -------------------------------------------------------------------------------------
@@ -298,6 +319,7 @@ def resolve_request(
         )
     gpus = _requested_gpus(snapshot, request)
     _check_options(request)
+    check_hardware(snapshot, gpus)
     for gpu in gpus:
         allowed = allowed_modes(snapshot, gpu, catalog, whitelist, group)
         reason = allowed[request.mode]
@@ -306,6 +328,14 @@ def resolve_request(
                 "mode_not_allowed",
                 f"mode {request.mode.value!r} is not allowed for GPU {gpu.address} ({gpu.name}): {reason}",
                 [m.value for m, r in allowed.items() if r is None],
+            )
+    if request.mode is Mode.PASSTHROUGH and not request.allow_boot_vga:
+        consoles = [g.address for g in gpus if boot_display(snapshot, g) and g.mode is not Mode.PASSTHROUGH]
+        if consoles:
+            raise RequestError(
+                "boot_vga",
+                f"GPU(s) {', '.join(consoles)} drive the boot console (boot_vga = 1): passthrough takes them "
+                "from the host and the console goes dark; pass --allow-boot-vga (allow_boot_vga) to do it",
             )
     after = {g.address: g.mode for g in snapshot.gpus}
     for gpu in gpus:
@@ -316,6 +346,56 @@ def resolve_request(
         for gpu in gpus:
             resolved.vgpu[gpu.address] = _vgpu_choice(snapshot, gpu, request, catalog)
     return resolved
+
+
+PCI_DEVICES = "sys/bus/pci/devices"
+
+
+def boot_display(snapshot: HostSnapshot, gpu: Gpu) -> bool:
+    """The GPU is the firmware's boot display (its ``boot_vga`` reads 1): the host console is on it."""
+    fn = snapshot.function(gpu.address)
+    return fn is not None and fn.boot_vga is True
+
+
+def check_hardware(snapshot: HostSnapshot, gpus: Sequence[Gpu]) -> None:
+    """Refuse to plan on a host whose state could not be told, or on hardware that is not all there: a step
+    would otherwise fail halfway (or act on the wrong device) at apply time."""
+    unknown = [g.address for g in snapshot.gpus if g.mode is Mode.UNKNOWN]
+    if unknown:
+        raise RequestError(
+            "host_state_unknown",
+            f"GPU(s) {', '.join(unknown)} of host {snapshot.hostname} are in mode unknown: which nvidia "
+            "build runs could not be told (see the problems `gpumode discover` lists); nothing is planned "
+            "until the host's modules and vGPU state agree",
+        )
+    for gpu in gpus:
+        for address in [gpu.address, *gpu.companions, *gpu.vfs]:
+            what = "GPU" if address == gpu.address else "companion" if address in gpu.companions else "VF"
+            fn = snapshot.function(address)
+            if fn is None:
+                raise RequestError(
+                    "inconsistent_hardware",
+                    f"GPU {gpu.address}: its {what} {address} is gone (a link names a function the host no "
+                    "longer has); rescan the PCI bus or fix the hardware, then plan again",
+                )
+            if fn.vendor < 0 or fn.device < 0 or fn.class_code < 0:
+                raise RequestError(
+                    "inconsistent_hardware",
+                    f"GPU {gpu.address}: its {what} {address} has unreadable ids (a phantom function); "
+                    "rescan the PCI bus, then plan again",
+                )
+            prefix = f"{PCI_DEVICES}/{address}/"
+            dangling = [
+                p
+                for p in snapshot.problems
+                if p.startswith(prefix) and ("dangling link" in p or "partial group" in p)
+            ]
+            if dangling:
+                raise RequestError(
+                    "inconsistent_hardware",
+                    f"GPU {gpu.address}: its {what} {address} is inconsistent ({dangling[0]}); "
+                    "rescan the PCI bus or fix the hardware, then plan again",
+                )
 
 
 def _requested_gpus(snapshot: HostSnapshot, request: SwitchRequest) -> list[Gpu]:

@@ -291,6 +291,46 @@ class VgpuCreate(_Base):
             vgpu.clear_vgpu_type(host, record["vf"])
 
 
+class VgpuResolve:
+    """``vgpu.resolve``: right after the vGPU manager came up, the host offers the planned type under the id
+    and interface the plan took from the catalog. Changes nothing; fails before any vGPU is made otherwise."""
+
+    action: ClassVar[str] = "vgpu.resolve"
+
+    def _offered(self, host: Host, ctx: StepContext) -> vgpu.VgpuType:
+        return vgpu.resolve_vgpu_type(host, ctx.step.target, str(ctx.param("name")))
+
+    def check(self, host: Host, ctx: StepContext) -> bool:
+        try:
+            offered = self._offered(host, ctx)
+        except (vgpu.VgpuError, OSError, ValueError):
+            return False
+        return offered.type_id == int(ctx.param("type")) and offered.interface == ctx.param("interface")
+
+    def apply(self, host: Host, ctx: StepContext) -> None:
+        where = f"vgpu.resolve {ctx.step.target}"
+        name, planned, interface = ctx.param("name"), int(ctx.param("type")), ctx.param("interface")
+        try:
+            offered = self._offered(host, ctx)
+        except vgpu.VgpuError as exc:
+            raise StepError(f"{where}: the host does not offer {name}: {exc}; no vGPU was created") from exc
+        if offered.interface != interface:
+            raise StepError(
+                f"{where}: the host offers {name} through the {offered.interface} interface, the plan (made "
+                f"from the catalog before the vGPU manager was loaded) expected {interface}; no vGPU was "
+                "created: plan again now that the host shows its types"
+            )
+        if offered.type_id != planned:
+            raise StepError(
+                f"{where}: the host's id for {name} is {offered.type_id}, the plan's (from the catalog) is "
+                f"{planned}; no vGPU was created: correct the catalog, or plan again now that the host shows "
+                "its types"
+            )
+
+    def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
+        return  # apply changes nothing
+
+
 class _Sriov(_Base):
     """``sriov-manage -e|-d`` with gpumode's own repairs around it: an interrupted run of the tool leaves the
     PF on pci-pf-stub (or driverless) and its id in pci-pf-stub, which make every later run fail; those are
@@ -685,6 +725,7 @@ _IMPLS: tuple[StepImpl, ...] = (
     VmStart(),
     VmDetachDevice(),
     VgpuRemove(),
+    VgpuResolve(),
     VgpuCreate(),
     SriovEnable(),
     SriovDisable(),

@@ -344,6 +344,7 @@ class SwitchIn(In):
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     passthrough_alias: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     vm_policy: VmPolicy = VmPolicy.GPU
+    allow_boot_vga: bool = False  # passthrough may take the boot display GPU (its console goes dark)
 
     @field_validator("mode")
     @classmethod

@@ -151,6 +151,7 @@ class PciFunctionIn(_Strict):
     mdevs: Annotated[list[MdevIn], Field(max_length=4096)] = []
     vendor_vgpu: VendorVgpuIn | None = None
     consumers: Annotated[list[Address], Field(max_length=64)] = []
+    boot_vga: bool | None = None  # absent from older agents' snapshots
 
 
 class GpuIn(_Strict):

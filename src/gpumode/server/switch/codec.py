@@ -15,6 +15,7 @@ def request_json(request: SwitchRequest) -> dict[str, Any]:
         "vgpu_count": request.vgpu_count,
         "passthrough_alias": request.passthrough_alias,
         "vm_policy": request.vm_policy.value,
+        "allow_boot_vga": request.allow_boot_vga,
     }
 
 
@@ -26,6 +27,7 @@ def request_from_json(data: dict[str, Any]) -> SwitchRequest:
         vgpu_count=data.get("vgpu_count"),
         passthrough_alias=data.get("passthrough_alias"),
         vm_policy=VmPolicy(data.get("vm_policy", VmPolicy.GPU.value)),
+        allow_boot_vga=bool(data.get("allow_boot_vga", False)),
     )
 
 

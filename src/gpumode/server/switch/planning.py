@@ -44,6 +44,7 @@ def to_request(options: SwitchIn, platform: CloudPlatform) -> SwitchRequest:
         vgpu_count=vgpu_count,
         passthrough_alias=options.passthrough_alias,
         vm_policy=options.vm_policy,
+        allow_boot_vga=options.allow_boot_vga,
     )
 
 

@@ -14,7 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpumode.domain import LoadedModule
-from gpumode.host.root import CommandResult, Host
+from gpumode.host.holders import DeviceHeld, pci_device_files, refuse_if_held
+from gpumode.host.root import CommandResult, CommandTimeout, Host
+
+# modprobe -r unbinds the module's devices; each driver's remove() may take seconds (nvidia does)
+MODULE_REMOVAL_TIMEOUT = 120.0
 
 
 class DriverOpError(RuntimeError):
@@ -78,7 +82,38 @@ def unload_module(host: Host, name: str) -> None:
             f"module {name} is held by {module.refcount} reference(s) (processes with its devices open, or "
             "bound devices): stop its users first"
         )
-    host.run(["modprobe", "-r", name], check=True)
+    # Removing a PCI driver's module unbinds its devices, and that waits for whoever has them open (a VM
+    # holding a vfio-pci device does not show in refcnt), so holders are looked for first.
+    for address in bound_devices(host, name):
+        try:
+            refuse_if_held(host, address, pci_device_files(host, address))
+        except DeviceHeld as exc:
+            raise DriverOpError(f"cannot unload {name}: {exc}") from exc
+    try:
+        host.run(["modprobe", "-r", name], check=True, timeout=MODULE_REMOVAL_TIMEOUT)
+    except CommandTimeout as exc:
+        raise DriverOpError(f"unloading {name} did not finish: {exc}") from exc
+    if module_loaded(host, name):
+        raise DriverOpError(f"modprobe -r {name} exited 0 but {name} is still in proc/modules")
+
+
+def bound_devices(host: Host, name: str) -> list[str]:
+    """The PCI functions bound to the drivers of module ``name`` (``sys/module/<m>/drivers/pci:<drv>``)."""
+    drivers_dir = host.path("sys/module", module_name(name), "drivers")
+    try:
+        entries = os.listdir(drivers_dir)
+    except OSError:
+        return []
+    found: list[str] = []
+    for entry in sorted(entries):
+        if not entry.startswith("pci:"):
+            continue
+        driver = host.path("sys/bus/pci/drivers", entry[4:])
+        try:
+            found += sorted(n for n in os.listdir(driver) if n.count(":") == 2 and "." in n)
+        except OSError:
+            continue
+    return found
 
 
 # --- services -----------------------------------------------------------------------------------------------

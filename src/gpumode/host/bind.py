@@ -64,6 +64,14 @@ def device_dir(host: Host, address: str) -> Path:
     return path
 
 
+def device_exists(host: Host, address: str) -> bool:
+    """Whether the PCI function is present (a bad address is simply absent)."""
+    try:
+        return host.path("sys/bus/pci/devices", normalize_address(address)).exists()
+    except PciAddressError:
+        return False
+
+
 def current_driver(host: Host, address: str) -> str | None:
     """The driver bound to ``address`` (basename of its ``driver`` link), or None when unbound."""
     link = device_dir(host, address) / "driver"
@@ -202,6 +210,35 @@ def ensure_vfio_driver(host: Host) -> None:
         raise BindError(f"cannot load vfio-pci: {exc}") from exc
     if not driver_dir.is_dir():
         raise BindError(f"modprobe vfio-pci succeeded but {host.relative(driver_dir)} did not appear")
+
+
+def unbind(host: Host, address: str, driver: str) -> None:
+    """Unbind ``address`` from ``driver`` (refused while a process holds it; see :func:`_unbind`)."""
+    _unbind(host, device_dir(host, address).name, driver)
+
+
+def driver_registered(host: Host, driver: str) -> bool:
+    """Whether a PCI driver of that name is registered (its module loaded, or built in)."""
+    return "/" not in driver and host.path("sys/bus/pci/drivers", driver).is_dir()
+
+
+def bind_driver(host: Host, address: str, driver: str) -> None:
+    """Bind ``address`` to ``driver`` through ``drivers/<driver>/bind`` and check the link afterwards."""
+    address = device_dir(host, address).name
+    try:
+        host.write(host.path("sys/bus/pci/drivers", driver, "bind"), address)
+    except OSError as exc:
+        raise BindError(f"binding {address} to {driver} failed: {exc.strerror}") from exc
+    if current_driver(host, address) != driver:
+        now = current_driver(host, address) or "none"
+        raise BindError(f"binding {address} to {driver} returned, but its driver is {now}")
+
+
+def probe(host: Host, address: str) -> str | None:
+    """Let the kernel pick a driver for ``address`` (``drivers_probe``); returns the driver it got, if any."""
+    address = device_dir(host, address).name
+    _probe(host, address)
+    return current_driver(host, address)
 
 
 def _unbind(host: Host, address: str, driver: str) -> None:

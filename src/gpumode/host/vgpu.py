@@ -80,6 +80,31 @@ def list_vfs(host: Host, pf: str) -> list[str]:
     return [os.path.basename(os.readlink(path / name)) for _, name in sorted(links)]
 
 
+def num_vfs(host: Host, pf: str) -> int:
+    """The PF's ``sriov_numvfs``."""
+    _, path = _sriov_pf(host, pf)
+    try:
+        return _read_int(path / "sriov_numvfs")
+    except (OSError, ValueError) as exc:
+        raise VgpuError(f"cannot read {host.relative(path / 'sriov_numvfs')}: {exc}") from exc
+
+
+def virtfn(host: Host, pf: str, index: int) -> str | None:
+    """The address of the PF's VF number ``index`` (its ``virtfnN`` link); None while it does not exist."""
+    link = _device(host, pf)[1] / f"virtfn{index}"
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def refuse_if_vfs_held(host: Host, pf: str) -> None:
+    """Raise :class:`VgpuError` naming the processes holding any of the PF's VFs (disabling would wait)."""
+    address, _ = _device(host, pf)
+    try:
+        for vf in list_vfs(host, address):
+            refuse_if_held(host, vf, pci_device_files(host, vf))
+    except DeviceHeld as exc:
+        raise VgpuError(f"cannot disable the VFs of {address}: {exc}") from exc
+
+
 def vfs_enabled(host: Host, pf: str) -> bool:
     _, path = _sriov_pf(host, pf)
     return _read_int(path / "sriov_numvfs") > 0
@@ -155,11 +180,7 @@ def disable_vfs(host: Host, pf: str) -> None:
     busy = [vf for vf in list_vfs(host, address) if _vf_busy(host, vf)]
     if busy:
         raise VgpuError(f"VFs of {address} still carry vGPUs ({', '.join(busy)}): remove the vGPUs first")
-    try:  # sriov-manage writes sriov_numvfs=0, which waits for every VF's users
-        for vf in list_vfs(host, address):
-            refuse_if_held(host, vf, pci_device_files(host, vf))
-    except DeviceHeld as exc:
-        raise VgpuError(f"cannot disable the VFs of {address}: {exc}") from exc
+    refuse_if_vfs_held(host, address)  # sriov-manage writes sriov_numvfs=0, which waits for every VF's users
     try:
         host.run([SRIOV_MANAGE, "-d", address], check=True)
     except CommandError as exc:
@@ -241,6 +262,10 @@ def list_mdevs(host: Host) -> list[Mdev]:
         type_id = os.path.basename(os.readlink(link / "mdev_type")) if (link / "mdev_type").exists() else ""
         mdevs.append(Mdev(uuid=name, type_id=type_id, parent=parent))
     return mdevs
+
+
+def mdev_exists(host: Host, uuid: str) -> bool:
+    return host.path("sys/bus/mdev/devices", uuid).exists()
 
 
 def _mdevs_on(host: Host, parent: str) -> list[Mdev]:

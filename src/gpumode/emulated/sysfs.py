@@ -92,6 +92,11 @@ class Tree:
         self.dir(directory)
         self.nodes[path] = Link(relative(target, directory))
 
+    def absolute_link(self, path: str, target: str) -> None:
+        """A link whose target is kept as written (``proc/<pid>/fd/N -> /dev/vfio/3``, as procfs shows it)."""
+        self.dir(path.rpartition("/")[0])
+        self.nodes[path] = Link(target)
+
 
 @dataclass(frozen=True, slots=True)
 class _Fragment:
@@ -721,7 +726,7 @@ def _render_holders(tree: Tree, state: KernelState, ctx: _Context) -> None:
         tree.file(f"{base}/cmdline", cmdline)
         tree.dir(f"{base}/fd")
         for fd, target in enumerate(dict.fromkeys(targets), start=3):
-            tree.link(f"{base}/fd/{fd}", target)
+            tree.absolute_link(f"{base}/fd/{fd}", target)
 
 
 def _render_dev(tree: Tree, state: KernelState, ctx: _Context) -> None:

@@ -77,18 +77,18 @@ def unload_module(host: Host, name: str) -> None:
         raise DriverOpError(f"module {name} is permanent (no unload support) and cannot be unloaded")
     if module.users:
         raise DriverOpError(f"module {name} is used by {', '.join(module.users)}: unload those first")
-    if module.refcount > 0:
-        raise DriverOpError(
-            f"module {name} is held by {module.refcount} reference(s) (processes with its devices open, or "
-            "bound devices): stop its users first"
-        )
-    # Removing a PCI driver's module unbinds its devices, and that waits for whoever has them open (a VM
-    # holding a vfio-pci device does not show in refcnt), so holders are looked for first.
+    # Removing a PCI driver's module unbinds its devices, and a remove() waits for whoever has the device
+    # open; refcnt only counts those users, so they are looked for and named first.
     for address in bound_devices(host, name):
         try:
             refuse_if_held(host, address, pci_device_files(host, address))
         except DeviceHeld as exc:
             raise DriverOpError(f"cannot unload {name}: {exc}") from exc
+    if module.refcount > 0:
+        raise DriverOpError(
+            f"module {name} is held by {module.refcount} reference(s) (processes with its devices open, or "
+            "bound devices): stop its users first"
+        )
     try:
         host.run(["modprobe", "-r", name], check=True, timeout=MODULE_REMOVAL_TIMEOUT)
     except CommandTimeout as exc:

@@ -33,6 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "kernel"
 HERE = Path(__file__).resolve().parent
 BOOT_TIMEOUT = 600
+# no_timer_check: under TCG on a loaded machine the IO-APIC timer test can miss its window and panic
+# ("timer doesn't work through Interrupt-remapped IO-APIC"); the check proves nothing in a VM.
+KERNEL_ARGS = "intel_iommu=on iommu=pt no_timer_check"
 
 # Root ports get fixed slots so the guest's addresses (guest.py, differential.py) do not depend on how many
 # devices virtme-ng adds on bus 0.
@@ -117,22 +120,31 @@ def guest() -> dict[str, Any]:
     vng = config["GPUMODE_KERNEL_VNG"]
     argv = [vng, "--run", config["GPUMODE_KERNEL_IMAGE"], "--disable-microvm", "--force-9p"]
     argv += [] if kvm else ["--disable-kvm"]
-    argv += ["--cpus", "2", "--memory", "1G", "--rwdir", str(out), "--append", "intel_iommu=on iommu=pt"]
+    argv += ["--cpus", "2", "--memory", "1G", "--rwdir", str(out), "--append", KERNEL_ARGS]
     argv += [f"--qemu-opts={' '.join(QEMU_DEVICES)}", "--exec", script, "--verbose"]
     env = dict(os.environ, PATH=f"{Path(vng).parent}:{os.environ.get('PATH', '')}")
     start = time.monotonic()
-    with (out / "console.log").open("w") as console:
-        try:
-            subprocess.run(argv, stdout=console, stderr=subprocess.STDOUT, env=env, timeout=BOOT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the guest did not finish within {BOOT_TIMEOUT} s; see {out / 'console.log'}")
+    for attempt in (1, 2):
+        for stale in ("console.log", "guest.log", "exit", "results.json"):
+            (out / stale).unlink(missing_ok=True)
+        with (out / "console.log").open("w") as console:
+            try:
+                subprocess.run(argv, stdout=console, stderr=subprocess.STDOUT, env=env, timeout=BOOT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the guest did not finish within {BOOT_TIMEOUT} s; see {out / 'console.log'}")
+        console_text = (out / "console.log").read_text(errors="replace")
+        # An emulated CPU starved by a busy machine can fail the kernel's early timer check; boot once more.
+        if attempt == 1 and not (out / "results.json").exists() and "Kernel panic" in console_text:
+            continue
+        break
     seconds = time.monotonic() - start
     exit_file = out / "exit"
     if not exit_file.exists() or not (out / "results.json").exists():
-        tail = (out / "console.log").read_text(errors="replace")[-3000:]
+        panic = console_text.find("Kernel panic")
+        tail = console_text[panic : panic + 3000] if panic >= 0 else console_text[-3000:]
         guest_log = out / "guest.log"
         guest_tail = guest_log.read_text(errors="replace")[-3000:] if guest_log.exists() else ""
-        pytest.fail(f"the guest wrote no results (console tail):\n{tail}\n{guest_tail}", pytrace=False)
+        pytest.fail(f"the guest wrote no results (console):\n{tail}\n{guest_tail}", pytrace=False)
     results: dict[str, Any] = json.loads((out / "results.json").read_text())
     results["_boot"] = {
         "accel": "kvm" if kvm else "tcg",
@@ -141,14 +153,3 @@ def guest() -> dict[str, Any]:
         "log": (out / "guest.log").read_text(errors="replace")[-3000:],
     }
     return results
-
-
-def passed(guest: dict[str, Any], name: str) -> dict[str, Any]:
-    """The data of guest check ``name``; fails the test with the guest's error when that check failed."""
-    entry = guest.get(name)
-    if entry is None:
-        pytest.fail(f"the guest did not run check {name!r} (guest log tail: {guest['_boot']['log']})")
-    if not entry["ok"]:
-        pytest.fail(f"guest check {name!r} failed: {entry['error']}\n{entry.get('traceback', '')}")
-    data: dict[str, Any] = entry["data"]
-    return data

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from differential import AUDIO, GPU, NIC, NVME
 from differential import run as run_sequence
+from guest_results import passed
 from twin import twin_spec
 
-from conftest import passed
 from gpumode.emulated.create import create_host
 from gpumode.emulated.kernel import EmulatedKernel
 

@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -128,9 +129,15 @@ def guest() -> dict[str, Any]:
         for stale in ("console.log", "guest.log", "exit", "results.json"):
             (out / stale).unlink(missing_ok=True)
         with (out / "console.log").open("w") as console:
+            # its own session, so a timeout ends virtme-run and QEMU too, not only vng
+            proc = subprocess.Popen(
+                argv, stdout=console, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
             try:
-                subprocess.run(argv, stdout=console, stderr=subprocess.STDOUT, env=env, timeout=BOOT_TIMEOUT)
+                proc.wait(timeout=BOOT_TIMEOUT)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 pytest.fail(f"the guest did not finish within {BOOT_TIMEOUT} s; see {out / 'console.log'}")
         console_text = (out / "console.log").read_text(errors="replace")
         # An emulated CPU starved by a busy machine can fail the kernel's early timer check; boot once more.

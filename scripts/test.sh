@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/install-system-deps.sh
+# the `kernel` tests' QEMU, Debian kernel, sample mdev drivers and virtme-ng (under .cache/kernel/)
+./scripts/install-kernel-test-deps.sh
 
 if [ ! -x .venv/bin/python ]; then
     python=${PYTHON:-python3.11}

@@ -245,13 +245,24 @@ IN_TREE_MODULES: tuple[ModuleFile, ...] = (
     ),
     _mod("kernel/drivers/usb/host/xhci-pci.ko", drivers=[_drv("xhci_hcd", "*:* class=0c0330/ffffff")]),
     _mod("kernel/drivers/nvme/host/nvme-core.ko", size=200704),
-    _mod("kernel/drivers/nvme/host/nvme.ko", "nvme_core", drivers=[_drv("nvme", "*:* class=010802/ffffff")]),
+    # nvme_pci_sriov_configure: an NVMe PF enables VFs through sriov_numvfs
+    _mod(
+        "kernel/drivers/nvme/host/nvme.ko",
+        "nvme_core",
+        drivers=[_drv("nvme", "*:* class=010802/ffffff", flags=("sriov_configure",))],
+    ),
     _mod("kernel/drivers/ata/libahci.ko", size=53248),
     _mod("kernel/drivers/ata/ahci.ko", "libahci", drivers=[_drv("ahci", "*:* class=010601/ffffff")]),
     _mod(
         "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko",
         drivers=[_drv("mlx5_core", "15b3:* class=020000/ff0000", flags=("sriov_configure",))],
         size=2215936,
+    ),
+    # 82574L (QEMU's e1000e) of e1000e's much longer table
+    _mod(
+        "kernel/drivers/net/ethernet/intel/e1000e/e1000e.ko",
+        drivers=[_drv("e1000e", "8086:10d3")],
+        size=364544,
     ),
     _mod(
         "kernel/drivers/net/ethernet/intel/igb/igb.ko",
@@ -285,6 +296,14 @@ IN_TREE_MODULES: tuple[ModuleFile, ...] = (
         "drm",
         drivers=[_drv("nouveau", "10de:* class=030000/ff0000")],
         size=3096576,
+    ),
+    # the Bochs/QEMU display (drivers/gpu/drm/tiny/bochs.c: ids 1234:1111 and 4321:1111, driver "bochs-drm")
+    _mod(
+        "kernel/drivers/gpu/drm/tiny/bochs.ko",
+        "drm_kms_helper",
+        "drm",
+        drivers=[_drv("bochs-drm", "1234:1111", "4321:1111")],
+        size=20480,
     ),
     _mod(
         "kernel/drivers/gpu/drm/ast/ast.ko",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -90,6 +91,11 @@ class Tree:
         directory = path.rpartition("/")[0]
         self.dir(directory)
         self.nodes[path] = Link(relative(target, directory))
+
+    def absolute_link(self, path: str, target: str) -> None:
+        """A link whose target is kept as written (``proc/<pid>/fd/N -> /dev/vfio/3``, as procfs shows it)."""
+        self.dir(path.rpartition("/")[0])
+        self.nodes[path] = Link(target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +303,17 @@ def config_bytes(state: KernelState, dev: Device) -> bytes:
 # --- what each device's files depend on ---------------------------------------------------------------------
 
 
+def _enable_count(state: KernelState, dev: Device) -> int:
+    """``enable``: the device's ``enable_cnt``. Host drivers call ``pci_enable_device`` in probe (and disable
+    in remove); vfio-pci only when a user opens the device (``vfio_pci_core_enable``). Seen on Linux 6.1:
+    e1000e-bound 1, unbound 0, vfio-pci-bound and closed 0. The stubs' probe enables nothing."""
+    count = dev.enable_cnt
+    drv = state.drivers.get(dev.driver) if dev.driver else None
+    if drv is not None and not drv.vfio and drv.name not in ("pci-stub", "pci-pf-stub"):
+        count += 1
+    return count + sum(1 for h in state.handles if h.kind == "vfio" and h.target == dev.address)
+
+
 class DeviceView(NamedTuple):
     """Everything the files of one PCI function depend on: its own kernel state and what the rest of the state
     contributes to them (its path, its neighbours' paths, the driver model's verdicts).
@@ -411,7 +428,7 @@ class _Context:
             pcie=dev.pcie,
             driver=dev.driver,
             driver_override=dev.driver_override,
-            enable_cnt=dev.enable_cnt,
+            enable_cnt=_enable_count(state, dev),
             is_vf=dev.is_vf,
             on_root_bus=dev.parent is None,
             multifunction=parse_address(dev.address).function == 0 and others > 0,
@@ -674,6 +691,7 @@ def _render_proc(tree: Tree, state: KernelState, ctx: _Context) -> None:
         f"Linux version {state.kernel_release} (buildd@lcy02-amd64-001) (x86_64-linux-gnu-gcc-12 (Ubuntu "
         "12.3.0-1ubuntu1~22.04) 12.3.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #45~22.04.1-Ubuntu SMP\n",
     )
+    _render_holders(tree, state, ctx)
     core = state.module("nvidia")
     if core is None:
         return
@@ -684,6 +702,45 @@ def _render_proc(tree: Tree, state: KernelState, ctx: _Context) -> None:
         base = f"proc/driver/nvidia/gpus/{dev.address}"
         tree.file(f"{base}/information", nvidia.information_text(state, dev, minor))
         tree.file(f"{base}/unbindLock", f"{int(dev.unbind_lock)}\n", 0o644, ("unbind_lock", dev.address))
+
+
+def holder_pid(holder: str) -> int:
+    """A stable process id per holder, so a holder keeps its pid while other holders come and go."""
+    return 1000 + zlib.crc32(holder.encode()) % 60000
+
+
+def _render_holders(tree: Tree, state: KernelState, ctx: _Context) -> None:
+    """``proc/<pid>/{comm,cmdline,fd/N}`` of each process holding a device, as ``fuser`` reads them: a VM is
+    a ``qemu-system-x86`` with libvirt's ``-name guest=<vm>``, a daemon is named after its unit."""
+    minors = {d.address: n for n, d in enumerate(d for d in ctx.present if d.driver == nvidia.NVIDIA_DRIVER)}
+    by_holder: dict[str, list[str]] = {}
+    for h in state.handles:
+        if h.kind == "nvidia":
+            target = f"/dev/nvidia{minors.get(h.target, 0)}"
+        elif h.kind == "mdev":
+            mdev = state.mdevs.get(h.target)
+            target = f"/dev/vfio/{mdev.iommu_group}" if mdev else "/dev/vfio/vfio"
+        else:
+            dev = state.devices.get(h.target)
+            target = (
+                f"/dev/vfio/{dev.iommu_group}" if dev and dev.iommu_group is not None else "/dev/vfio/vfio"
+            )
+        by_holder.setdefault(h.holder, []).append(target)
+    for holder, targets in by_holder.items():
+        base = f"proc/{holder_pid(holder)}"
+        if holder.startswith("qemu:"):
+            comm, cmdline = (
+                "qemu-system-x86",
+                f"qemu-system-x86_64\0-name\0guest={holder[5:]},debug-threads=on\0",
+            )
+        else:
+            comm = holder.removesuffix(".service")[:15]
+            cmdline = holder.removesuffix(".service") + "\0"
+        tree.file(f"{base}/comm", comm + "\n")
+        tree.file(f"{base}/cmdline", cmdline)
+        tree.dir(f"{base}/fd")
+        for fd, target in enumerate(dict.fromkeys(targets), start=3):
+            tree.absolute_link(f"{base}/fd/{fd}", target)
 
 
 def _render_dev(tree: Tree, state: KernelState, ctx: _Context) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpumode.domain import PciAddressError, normalize_address
 from gpumode.host.driverops import service_active
+from gpumode.host.holders import DeviceHeld, blocking_write, pci_device_files, refuse_if_held
 from gpumode.host.root import CommandError, Host
 
 VFIO_DRIVER = "vfio-pci"
@@ -61,6 +62,14 @@ def device_dir(host: Host, address: str) -> Path:
     if not path.exists():
         raise BindError(f"no PCI device {address} on {host}")
     return path
+
+
+def device_exists(host: Host, address: str) -> bool:
+    """Whether the PCI function is present (a bad address is simply absent)."""
+    try:
+        return host.path("sys/bus/pci/devices", normalize_address(address)).exists()
+    except PciAddressError:
+        return False
 
 
 def current_driver(host: Host, address: str) -> str | None:
@@ -203,9 +212,47 @@ def ensure_vfio_driver(host: Host) -> None:
         raise BindError(f"modprobe vfio-pci succeeded but {host.relative(driver_dir)} did not appear")
 
 
-def _unbind(host: Host, address: str, driver: str) -> None:
+def unbind(host: Host, address: str, driver: str) -> None:
+    """Unbind ``address`` from ``driver`` (refused while a process holds it; see :func:`_unbind`)."""
+    _unbind(host, device_dir(host, address).name, driver)
+
+
+def driver_registered(host: Host, driver: str) -> bool:
+    """Whether a PCI driver of that name is registered (its module loaded, or built in)."""
+    return "/" not in driver and host.path("sys/bus/pci/drivers", driver).is_dir()
+
+
+def bind_driver(host: Host, address: str, driver: str) -> None:
+    """Bind ``address`` to ``driver`` through ``drivers/<driver>/bind`` and check the link afterwards."""
+    address = device_dir(host, address).name
     try:
-        host.write(host.path("sys/bus/pci/drivers", driver, "unbind"), address)
+        host.write(host.path("sys/bus/pci/drivers", driver, "bind"), address)
+    except OSError as exc:
+        raise BindError(f"binding {address} to {driver} failed: {exc.strerror}") from exc
+    if current_driver(host, address) != driver:
+        now = current_driver(host, address) or "none"
+        raise BindError(f"binding {address} to {driver} returned, but its driver is {now}")
+
+
+def probe(host: Host, address: str) -> str | None:
+    """Let the kernel pick a driver for ``address`` (``drivers_probe``); returns the driver it got, if any."""
+    address = device_dir(host, address).name
+    _probe(host, address)
+    return current_driver(host, address)
+
+
+def _unbind(host: Host, address: str, driver: str) -> None:
+    """Unbind, refusing while a process holds the device: a VFIO driver's remove() waits for its users."""
+    try:
+        blocking_write(
+            host,
+            host.path("sys/bus/pci/drivers", driver, "unbind"),
+            address,
+            what=f"{address} (on {driver})",
+            files=pci_device_files(host, address),
+        )
+    except DeviceHeld as exc:
+        raise BindError(f"cannot unbind {exc}") from exc
     except OSError as exc:
         raise BindError(f"unbinding {address} from {driver} failed: {exc.strerror}") from exc
 
@@ -292,17 +339,27 @@ def release_from_vfio(host: Host, address: str, drivers: Mapping[str, str | None
     members = sorted(set(vfio_members(host, address)) | set(recorded))
     for member in members:
         device_dir(host, member)  # every one must exist before we touch any
+    for member in members:
+        try:
+            refuse_if_held(host, member, pci_device_files(host, member))
+        except DeviceHeld as exc:
+            raise BindError(f"cannot release {address}'s group from vfio-pci: {exc}") from exc
     _undo(host, {m: recorded.get(m) for m in members})
     return {m: current_driver(host, m) for m in members}
 
 
 def _undo(host: Host, drivers: Mapping[str, str | None]) -> None:
-    """Put each function back on its recorded driver (or the kernel's choice) and drop its persistence."""
-    for member, wanted in drivers.items():
+    """Put each function back on its recorded driver (or the kernel's choice) and drop its persistence.
+
+    The whole group leaves vfio-pci before any function is probed again: a real kernel refuses a host driver
+    for a function while another member of its IOMMU group is still on vfio-pci.
+    """
+    for member in drivers:
         if driver_override(host, member) is not None:
             _set_override(host, member, "\n")
         if current_driver(host, member) == VFIO_DRIVER:
             _unbind(host, member, VFIO_DRIVER)
+    for member, wanted in drivers.items():
         if wanted not in (None, VFIO_DRIVER) and host.path("sys/bus/pci/drivers", wanted).is_dir():
             if current_driver(host, member) is None:
                 try:

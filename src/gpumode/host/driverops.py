@@ -14,7 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpumode.domain import LoadedModule
-from gpumode.host.root import CommandResult, Host
+from gpumode.host.holders import DeviceHeld, pci_device_files, refuse_if_held
+from gpumode.host.root import CommandResult, CommandTimeout, Host
+
+# modprobe -r unbinds the module's devices; each driver's remove() may take seconds (nvidia does)
+MODULE_REMOVAL_TIMEOUT = 120.0
 
 
 class DriverOpError(RuntimeError):
@@ -73,12 +77,43 @@ def unload_module(host: Host, name: str) -> None:
         raise DriverOpError(f"module {name} is permanent (no unload support) and cannot be unloaded")
     if module.users:
         raise DriverOpError(f"module {name} is used by {', '.join(module.users)}: unload those first")
+    # Removing a PCI driver's module unbinds its devices, and a remove() waits for whoever has the device
+    # open; refcnt only counts those users, so they are looked for and named first.
+    for address in bound_devices(host, name):
+        try:
+            refuse_if_held(host, address, pci_device_files(host, address))
+        except DeviceHeld as exc:
+            raise DriverOpError(f"cannot unload {name}: {exc}") from exc
     if module.refcount > 0:
         raise DriverOpError(
             f"module {name} is held by {module.refcount} reference(s) (processes with its devices open, or "
             "bound devices): stop its users first"
         )
-    host.run(["modprobe", "-r", name], check=True)
+    try:
+        host.run(["modprobe", "-r", name], check=True, timeout=MODULE_REMOVAL_TIMEOUT)
+    except CommandTimeout as exc:
+        raise DriverOpError(f"unloading {name} did not finish: {exc}") from exc
+    if module_loaded(host, name):
+        raise DriverOpError(f"modprobe -r {name} exited 0 but {name} is still in proc/modules")
+
+
+def bound_devices(host: Host, name: str) -> list[str]:
+    """The PCI functions bound to the drivers of module ``name`` (``sys/module/<m>/drivers/pci:<drv>``)."""
+    drivers_dir = host.path("sys/module", module_name(name), "drivers")
+    try:
+        entries = os.listdir(drivers_dir)
+    except OSError:
+        return []
+    found: list[str] = []
+    for entry in sorted(entries):
+        if not entry.startswith("pci:"):
+            continue
+        driver = host.path("sys/bus/pci/drivers", entry[4:])
+        try:
+            found += sorted(n for n in os.listdir(driver) if n.count(":") == 2 and "." in n)
+        except OSError:
+            continue
+    return found
 
 
 # --- services -----------------------------------------------------------------------------------------------

@@ -22,6 +22,13 @@ from pathlib import Path
 from typing import Literal
 
 from gpumode.domain import Mdev, MdevType, PciAddressError, normalize_address
+from gpumode.host.holders import (
+    DeviceHeld,
+    blocking_write,
+    mdev_device_files,
+    pci_device_files,
+    refuse_if_held,
+)
 from gpumode.host.root import CommandError, Host
 
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
@@ -73,9 +80,78 @@ def list_vfs(host: Host, pf: str) -> list[str]:
     return [os.path.basename(os.readlink(path / name)) for _, name in sorted(links)]
 
 
+def num_vfs(host: Host, pf: str) -> int:
+    """The PF's ``sriov_numvfs``."""
+    _, path = _sriov_pf(host, pf)
+    try:
+        return _read_int(path / "sriov_numvfs")
+    except (OSError, ValueError) as exc:
+        raise VgpuError(f"cannot read {host.relative(path / 'sriov_numvfs')}: {exc}") from exc
+
+
+def virtfn(host: Host, pf: str, index: int) -> str | None:
+    """The address of the PF's VF number ``index`` (its ``virtfnN`` link); None while it does not exist."""
+    link = _device(host, pf)[1] / f"virtfn{index}"
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def refuse_if_vfs_held(host: Host, pf: str) -> None:
+    """Raise :class:`VgpuError` naming the processes holding any of the PF's VFs (disabling would wait)."""
+    address, _ = _device(host, pf)
+    try:
+        for vf in list_vfs(host, address):
+            refuse_if_held(host, vf, pci_device_files(host, vf))
+    except DeviceHeld as exc:
+        raise VgpuError(f"cannot disable the VFs of {address}: {exc}") from exc
+
+
 def vfs_enabled(host: Host, pf: str) -> bool:
     _, path = _sriov_pf(host, pf)
     return _read_int(path / "sriov_numvfs") > 0
+
+
+def _verify_vfs(host: Host, pf: str, expected: int, after: str) -> list[str]:
+    """The kernel's own account after an SR-IOV change: ``sriov_numvfs`` and one present VF per
+    ``virtfnN`` link must both say ``expected``; anything else is a failure, whatever the exit code said."""
+    address, path = _sriov_pf(host, pf)
+    numvfs = _read_int(path / "sriov_numvfs")
+    vfs = list_vfs(host, address)
+    present = [vf for vf in vfs if host.path("sys/bus/pci/devices", vf).exists()]
+    if numvfs != expected or len(present) != expected:
+        raise VgpuError(
+            f"{after}: {address} reads sriov_numvfs={numvfs} with {len(present)} VF(s) present, "
+            f"not {expected}"
+        )
+    return vfs
+
+
+def write_numvfs(host: Host, pf: str, count: int) -> list[str]:
+    """Set the PF's VF count through ``sriov_numvfs`` (a PF whose driver has ``sriov_configure``: a NIC, an
+    NVMe controller, pci-pf-stub) and verify it by reading the kernel's state back; returns the VFs.
+
+    The kernel refuses n→m without going through 0 (EBUSY), so a different non-zero count disables first.
+    Disabling waits for every VF's driver to let go, so it is refused while a process holds a VF.
+    """
+    address, path = _sriov_pf(host, pf)
+    total = _read_int(path / "sriov_totalvfs")
+    if not 0 <= count <= total:
+        raise VgpuError(f"{address} supports 0 to {total} VFs, not {count}")
+    current = _read_int(path / "sriov_numvfs")
+    if current == count:
+        return _verify_vfs(host, address, count, f"{address} already has {count} VF(s)")
+    numvfs = path / "sriov_numvfs"
+    if current:
+        files = [f for vf in list_vfs(host, address) for f in pci_device_files(host, vf)]
+        try:
+            blocking_write(host, numvfs, "0", what=f"the VFs of {address}", files=files)
+        except DeviceHeld as exc:
+            raise VgpuError(f"cannot disable {exc}") from exc
+        except OSError as exc:
+            raise VgpuError(f"disabling the VFs of {address} failed: {exc.strerror}") from exc
+        _verify_vfs(host, address, 0, f"writing 0 to sriov_numvfs of {address}")
+    if count:
+        _write(host, numvfs, str(count), f"enabling {count} VF(s) on {address}")
+    return _verify_vfs(host, address, count, f"writing {count} to sriov_numvfs of {address}")
 
 
 def enable_vfs(host: Host, pf: str) -> list[str]:
@@ -92,7 +168,8 @@ def enable_vfs(host: Host, pf: str) -> list[str]:
                 f"sriov-manage -e {address} enabled no VFs: is the vGPU manager (not the data-center driver) "
                 "loaded and bound to this GPU?"
             )
-    return list_vfs(host, address)
+    _, path = _sriov_pf(host, address)
+    return _verify_vfs(host, address, _read_int(path / "sriov_numvfs"), f"sriov-manage -e {address}")
 
 
 def disable_vfs(host: Host, pf: str) -> None:
@@ -103,12 +180,12 @@ def disable_vfs(host: Host, pf: str) -> None:
     busy = [vf for vf in list_vfs(host, address) if _vf_busy(host, vf)]
     if busy:
         raise VgpuError(f"VFs of {address} still carry vGPUs ({', '.join(busy)}): remove the vGPUs first")
+    refuse_if_vfs_held(host, address)  # sriov-manage writes sriov_numvfs=0, which waits for every VF's users
     try:
         host.run([SRIOV_MANAGE, "-d", address], check=True)
     except CommandError as exc:
         raise VgpuError(f"disabling VFs on {address} failed: {exc}") from exc
-    if vfs_enabled(host, address):
-        raise VgpuError(f"sriov-manage -d {address} left VFs enabled")
+    _verify_vfs(host, address, 0, f"sriov-manage -d {address}")
 
 
 def _vf_busy(host: Host, vf: str) -> bool:
@@ -118,8 +195,20 @@ def _vf_busy(host: Host, vf: str) -> bool:
 # --- mdev ---------------------------------------------------------------------------------------------------
 
 
+def _mdev_parent(host: Host, parent: str) -> tuple[str, Path]:
+    """A PCI function (a GPU or VF), or any other registered mdev parent by its ``class/mdev_bus`` name
+    (the kernel's sample drivers register ``mtty`` and ``mdpy``)."""
+    try:
+        return _device(host, parent)
+    except VgpuError:
+        path = host.path("sys/class/mdev_bus", parent)
+        if "/" in parent or not parent or not path.exists():
+            raise
+        return parent, path
+
+
 def _types_dir(host: Host, parent: str) -> Path:
-    return _device(host, parent)[1] / "mdev_supported_types"
+    return _mdev_parent(host, parent)[1] / "mdev_supported_types"
 
 
 def is_mdev_parent(host: Host, address: str) -> bool:
@@ -175,6 +264,10 @@ def list_mdevs(host: Host) -> list[Mdev]:
     return mdevs
 
 
+def mdev_exists(host: Host, uuid: str) -> bool:
+    return host.path("sys/bus/mdev/devices", uuid).exists()
+
+
 def _mdevs_on(host: Host, parent: str) -> list[Mdev]:
     return [m for m in list_mdevs(host) if m.parent == parent]
 
@@ -197,7 +290,7 @@ def create_mdev(
 ) -> str:
     """Create a vGPU of ``type_id`` on ``parent``; returns its UUID. Idempotent for an existing UUID of the
     same parent and type. With ``persist`` it is also defined for mdevctl (``start: auto``): back at boot."""
-    parent, _ = _device(host, parent)
+    parent, _ = _mdev_parent(host, parent)
     mdev_uuid = _uuid(uuid)
     existing = {m.uuid: m for m in list_mdevs(host)}.get(mdev_uuid)
     if existing is not None:
@@ -227,11 +320,21 @@ def create_mdev(
 
 
 def remove_mdev(host: Host, uuid: str) -> None:
-    """Destroy an mdev and forget its mdevctl definition. Absent: only the definition is removed."""
+    """Destroy an mdev and forget its mdevctl definition. Absent: only the definition is removed.
+
+    The kernel's remove waits for the mdev's users, so it is refused while a process (a VM) holds it."""
     mdev_uuid = _uuid(uuid)
     device = host.path("sys/bus/mdev/devices", mdev_uuid)
     if device.exists():
-        _write(host, device / "remove", "1", f"removing mdev {mdev_uuid} (is a VM still using it?)")
+        try:
+            files = mdev_device_files(host, mdev_uuid)
+            blocking_write(host, device / "remove", "1", what=f"mdev {mdev_uuid}", files=files)
+        except DeviceHeld as exc:
+            raise VgpuError(f"cannot remove {exc}") from exc
+        except OSError as exc:
+            raise VgpuError(f"removing mdev {mdev_uuid} failed: {exc.strerror}") from exc
+        if device.exists():
+            raise VgpuError(f"writing 1 to remove of mdev {mdev_uuid} left the device in place")
     for path in host.path("etc/mdevctl.d").glob(f"*/{mdev_uuid}"):
         path.unlink()
         if not any(path.parent.iterdir()):

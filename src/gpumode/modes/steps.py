@@ -117,25 +117,11 @@ def _argv(ctx: StepContext, name: str) -> list[str]:
 
 
 def _exists(host: Host, address: str) -> bool:
-    return host.path("sys/bus/pci/devices", address).exists()
+    return bind.device_exists(host, address)
 
 
 def _driver(host: Host, address: str) -> str | None:
     return bind.current_driver(host, address) if _exists(host, address) else None
-
-
-def _read_int(host: Host, address: str, attr: str) -> int:
-    path = host.path("sys/bus/pci/devices", address, attr)
-    try:
-        return int(path.read_text().strip(), 0)
-    except (OSError, ValueError) as exc:
-        raise StepError(f"cannot read {host.relative(path)}: {exc}") from exc
-
-
-def _virtfn(host: Host, pf: str, index: int) -> str | None:
-    """The address of the PF's VF number ``index`` (its ``virtfnN`` link); None while VFs are disabled."""
-    link = host.path("sys/bus/pci/devices", pf, f"virtfn{index}")
-    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
 
 
 def _vendor_type(host: Host, vf: str) -> int | None:
@@ -146,7 +132,7 @@ def _vendor_type(host: Host, vf: str) -> int | None:
 
 
 def _mdev_exists(host: Host, uuid: str) -> bool:
-    return host.path("sys/bus/mdev/devices", uuid).exists()
+    return vgpu.mdev_exists(host, uuid)
 
 
 def _vm(ctx: StepContext, name: str) -> Vm | None:
@@ -262,7 +248,7 @@ class VgpuCreate(_Base):
 
     def _parent(self, host: Host, ctx: StepContext) -> str | None:
         index = ctx.params.get("vf_index")
-        return ctx.step.target if index is None else _virtfn(host, ctx.step.target, int(index))
+        return ctx.step.target if index is None else vgpu.virtfn(host, ctx.step.target, int(index))
 
     def check(self, host: Host, ctx: StepContext) -> bool:
         if ctx.param("interface") == "mdev":
@@ -340,7 +326,13 @@ class _Sriov(_Base):
     enable: ClassVar[bool]
 
     def _enabled(self, host: Host, ctx: StepContext) -> bool:
-        return _read_int(host, ctx.step.target, "sriov_numvfs") > 0
+        """The kernel's account: ``sriov_numvfs`` and as many present VFs (``virtfnN``) as it says."""
+        pf = ctx.step.target
+        count = vgpu.num_vfs(host, pf)
+        present = [vf for vf in vgpu.list_vfs(host, pf) if _exists(host, vf)]
+        if len(present) != count:
+            raise StepError(f"{pf} reads sriov_numvfs={count} but has {len(present)} VF(s) present")
+        return count > 0
 
     def check(self, host: Host, ctx: StepContext) -> bool:
         # VFs changed but the PF still on pci-pf-stub is sriov-manage cut off halfway: not done yet
@@ -350,7 +342,9 @@ class _Sriov(_Base):
         pf = ctx.step.target
         vfs = vgpu.list_vfs(host, pf)
         drivers = {vf: _driver(host, vf) for vf in vfs}
-        ctx.remember(num_vfs_before=_read_int(host, pf, "sriov_numvfs"), vf_drivers=drivers)
+        ctx.remember(num_vfs_before=vgpu.num_vfs(host, pf), vf_drivers=drivers)
+        if not self.enable:
+            vgpu.refuse_if_vfs_held(host, pf)  # disabling waits for every VF's users
         self._switch(host, ctx, "argv", self.enable)
 
     def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
@@ -359,13 +353,15 @@ class _Sriov(_Base):
             return
         was_enabled = record["num_vfs_before"] > 0
         if self._enabled(host, ctx) != was_enabled:
+            if not was_enabled:
+                vgpu.refuse_if_vfs_held(host, pf)
             self._switch(host, ctx, "undo_argv", was_enabled)
         else:
             _settle(host, pf)
         # sriov-manage unbinds the VFs before it touches the PF: a failure halfway leaves them driverless
         for vf, driver in (record.get("vf_drivers") or {}).items():
             if driver and _exists(host, vf) and _driver(host, vf) is None:
-                host.write(host.path("sys/bus/pci/drivers", driver, "bind"), vf)
+                bind.bind_driver(host, vf, driver)
 
     @staticmethod
     def _switch(host: Host, ctx: StepContext, argv_name: str, enable: bool) -> None:
@@ -417,7 +413,7 @@ class GpuRelease(_Base):
         if driver == "nvidia":
             bind.release_from_nvidia(host, gpu)
         else:
-            host.write(host.path("sys/bus/pci/drivers", driver, "unbind"), gpu)
+            bind.unbind(host, gpu, driver)
 
     def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
         driver = record.get("driver")
@@ -425,11 +421,9 @@ class GpuRelease(_Base):
         if not driver or not _exists(host, gpu) or _driver(host, gpu) is not None:
             return
         override = bind.driver_override(host, gpu)
-        if (override is not None and override != driver) or not host.path(
-            "sys/bus/pci/drivers", driver
-        ).is_dir():
+        if (override is not None and override != driver) or not bind.driver_registered(host, driver):
             return  # the kernel would refuse; a later undo (bind.vfio's) or the module load rebinds it
-        host.write(host.path("sys/bus/pci/drivers", driver, "bind"), gpu)
+        bind.bind_driver(host, gpu, driver)
 
 
 class BindVfio(_Base):
@@ -480,7 +474,7 @@ class BindHost(_Base):
         if on_vfio:
             bind.release_from_vfio(host, gpu, drivers)
         elif _driver(host, gpu) is None:
-            host.write(host.path("sys/bus/pci/drivers_probe"), gpu)
+            bind.probe(host, gpu)
 
     def undo(self, host: Host, ctx: StepContext, record: dict[str, Any]) -> None:
         gpu = ctx.step.target
@@ -494,7 +488,7 @@ class BindHost(_Base):
             if driver == "nvidia":
                 bind.release_from_nvidia(host, gpu)
             else:
-                host.write(host.path("sys/bus/pci/drivers", driver, "unbind"), gpu)
+                bind.unbind(host, gpu, driver)
 
 
 def _vfio_traces(host: Host, address: str) -> bool:

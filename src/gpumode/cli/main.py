@@ -32,7 +32,7 @@ _command("apply", "gpumode.cli.local", "apply")
 _command("assert", "gpumode.cli.local", "assert_")
 _command("status", "gpumode.cli.local", "status")
 _subapp("journal", "gpumode.cli.journal")
-_command("server", "gpumode.cli.server", "server")
+_subapp("server", "gpumode.cli.server")
 _command("agent", "gpumode.cli.agent", "agent")
 _command("demo", "gpumode.cli.demo", "demo")
 _command("nodes", "gpumode.cli.remote", "nodes")
@@ -49,7 +49,47 @@ _subapp("rollout", "gpumode.cli.rollout")
 _command("rollouts", "gpumode.cli.rollout", "rollouts")
 
 
-def _root() -> None:
+# top-level module of an optional dependency -> the extra that installs it (pyproject.toml)
+EXTRAS = {
+    "fastapi": "server",
+    "starlette": "server",
+    "uvicorn": "server",
+    "sqlalchemy": "server",
+    "alembic": "server",
+    "pydantic": "server",
+    "pydantic_settings": "server",
+    "tenacity": "server",
+    "prometheus_client": "server",
+    "psycopg": "server",
+    "jinja2": "server",
+    "libvirt": "libvirt",
+    "keystoneauth1": "openstack",
+    "placement": "openstack",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The one line for a missing optional dependency, or ``None`` when ``exc`` is not one (a real bug)."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return f"gpumode: this command needs the {top!r} package: pip install 'gpumode[{extra}]'"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gpumode import __version__
+
+        typer.echo(f"gpumode {__version__}")
+        raise typer.Exit()
+
+
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     """Move GPU hosts, and each GPU in them, between accel, vGPU and passthrough modes."""
 
 
@@ -74,7 +114,14 @@ def build_app(only: str | None = None) -> typer.Typer:
 def main() -> None:
     """Console script: register only the command being run."""
     first = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
-    build_app(first)()
+    try:
+        build_app(first)()
+    except ModuleNotFoundError as exc:
+        line = missing_extra(exc)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def __getattr__(name: str) -> typer.Typer:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
+
+from gpumode.tls import verify_context
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
@@ -67,13 +70,18 @@ class Client:
         max_backoff_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         credentials: Credentials | None = None,
+        ca: Path | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.credentials = credentials
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
-        self._http = httpx.Client(base_url=self.server + API, timeout=30.0, transport=transport)
+        # the system trust store, or the operator's CA (gpumode.tls); a bad CA file is refused at start
+        verify = verify_context(ca)
+        self._http = httpx.Client(
+            base_url=self.server + API, timeout=30.0, transport=transport, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()

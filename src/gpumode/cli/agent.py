@@ -65,6 +65,7 @@ def agent(
 
     from gpumode.agent.config import AgentConfigError
     from gpumode.agent.daemon import Agent, AgentError, AgentOptions
+    from gpumode.tls import CaFileError
 
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
@@ -80,10 +81,11 @@ def agent(
         wait_s=settings.wait,
         max_backoff_s=settings.max_backoff,
         apply_desired=settings.apply_desired,
+        ca=settings.ca,
     )
     try:
         code = Agent(options).run()
-    except (AgentError, AgentConfigError) as exc:
+    except (AgentError, AgentConfigError, CaFileError) as exc:
         typer.echo(f"gpumode agent: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)

@@ -58,7 +58,7 @@ EXTRAS = {
     "alembic": "server",
     "pydantic": "server",
     "pydantic_settings": "server",
-    "tenacity": "server",
+    "tenacity": "agent",
     "prometheus_client": "server",
     "psycopg": "server",
     "jinja2": "server",

@@ -4,11 +4,11 @@
 #   python3-venv: scripts/test.sh creates .venv     pciutils: lspci, for comparing with a real host
 #   chromium: the dashboard's browser tests (tests/web/test_browser.py drive it headless through Playwright)
 #   systemd: systemd-analyze, which verifies deploy/systemd/ (tests/deploy/test_systemd.py)
-#   openssl: the test CA and server certificate of the TLS tests (tests/deploy/test_package.py)
+#   openssl, curl, sqlite3, postgresql-client: docs/deploy.md's commands, run by tests/deploy/
 # Quiet unless something fails; safe to run again and again.
 set -euo pipefail
 
-packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv chromium systemd openssl)
+packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv chromium systemd openssl curl sqlite3 postgresql-client)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'

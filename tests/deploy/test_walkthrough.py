@@ -6,6 +6,7 @@ same blocks with gpumode installed from its wheel.)"""
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 import shutil
 import signal
@@ -16,10 +17,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from gpumode.tls import verify_context
 
 from .walkthrough import Site, admin_token, join_token, unit_command, wait_for
+
+PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 
 
 @pytest.fixture
@@ -68,6 +72,7 @@ def test_server_over_tls_verified_with_the_ca(site: Site) -> None:
     assert bad_ca.returncode == 2 and "nope.pem does not exist" in bad_ca.stderr
 
 
+@pytest.mark.slow  # about 20 s: an emulated host, an agent joining
 def test_agent_joins_over_tls_from_agent_toml(site: Site, tmp_path: Path) -> None:
     site.run_block("tls")
     site.write_block("server.toml", site.root / "etc/gpumode/server.toml")
@@ -116,3 +121,32 @@ def test_migrate_and_sqlite_backup_restore(site: Site) -> None:
     site.start_server()
     groups = site.api("GET", "/groups", admin).json()
     assert [g["name"] for g in groups] == ["rack-a"]  # as it was at the backup
+
+
+@pytest.mark.postgres
+def test_postgresql_backup_restore(site: Site) -> None:
+    if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
+        pytest.fail("pg_dump and pg_restore are needed: run scripts/install-system-deps.sh", pytrace=False)
+    name = f"gpumode_deploy_{secrets.token_hex(4)}"
+    admin = create_engine(PG_SERVER + "/test", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    site.extra["postgresql://gpumode@db.example/gpumode"] = url
+    init = [str(site.prefix / "bin/gpumode"), "server", "--init", "--db", url]
+    try:
+        subprocess.run(init, check=True, capture_output=True, timeout=120)
+        site.run_block("backup-postgresql")
+        subprocess.run(init, check=True, capture_output=True, timeout=120)
+        engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
+        count = "SELECT count(*) FROM api_tokens"
+        with engine.connect() as conn:
+            assert conn.execute(text(count)).scalar() == 2
+        site.run_block("restore-postgresql")
+        with engine.connect() as conn:
+            assert conn.execute(text(count)).scalar() == 1  # as it was at the backup
+        engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

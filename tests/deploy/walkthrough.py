@@ -53,6 +53,7 @@ class Site:
     prefix: Path
     port: int = field(default_factory=free_port)
     extra: dict[str, str] = field(default_factory=dict)
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     server: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -102,7 +103,7 @@ class Site:
             text=True,
             timeout=300,
             check=False,
-            env={**os.environ, **(env or {})},
+            env={**self.environ, **(env or {})},
             cwd=self.root,
         )
         assert result.returncode == 0, f"block {name} failed:\n{script}\n{result.stdout}\n{result.stderr}"
@@ -117,7 +118,7 @@ class Site:
         """The server unit's own ExecStart, on this site."""
         log = (self.root / "server.log").open("ab")
         self.server = subprocess.Popen(shlex.split(self.swap(unit_command("gpumode-server.service"))),
-                                       stdout=log, stderr=log)  # fmt: skip
+                                       stdout=log, stderr=log, env=self.environ)  # fmt: skip
         wait_for(self.healthy, 60, "the server to answer /healthz over TLS")
 
     def healthy(self) -> bool:

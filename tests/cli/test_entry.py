@@ -58,3 +58,15 @@ def test_missing_pydantic_settings_names_the_server_extra() -> None:
 def test_a_missing_module_of_our_own_is_a_bug_with_its_traceback() -> None:
     result = _run("-c", BLOCK.format(module="gpumode", argv=["--version"]))
     assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def test_help_is_grouped_by_purpose_without_bool_placeholders() -> None:
+    top = _run("-m", "gpumode", "--help")
+    assert top.returncode == 0, top.stderr
+    for panel in ("This host (no server)", "Fleet inventory", "Switching modes", "Fleet administration",
+                  "Running gpumode"):  # fmt: skip
+        assert panel in top.stdout
+    for args in (["--help"], ["server", "--help"], ["switch", "--help"], ["agent", "--help"]):
+        result = _run("-m", "gpumode", *args)
+        assert result.returncode == 0 and "<bool>" not in result.stdout, result.stdout
+    assert "--init " in _run("-m", "gpumode", "server", "--help").stdout

@@ -21,6 +21,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
 from gpumode.orm import as_utc
+from gpumode.server import audit
 from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node, NodeGpu
 
 PAGE_SIZE = 50
@@ -275,9 +276,17 @@ def search_events(
 
 
 def search_audit(
-    session: Session, *, q: str | None, actor: str | None, before_id: int | None, limit: int = PAGE_SIZE
+    session: Session,
+    *,
+    q: str | None,
+    actor: str | None,
+    before_id: int | None,
+    people: bool = False,
+    limit: int = PAGE_SIZE,
 ) -> list[AuditEntry]:
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if people:
+        query = query.where(AuditEntry.role.in_(audit.PEOPLE))
     if q:
         query = query.where(
             _mentions(q, AuditEntry.action, AuditEntry.target, AuditEntry.detail, AuditEntry.actor)

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
 
+from gpumode import __version__, wire
+from gpumode.modes.steps import default_registry
 from gpumode.tls import verify_context
 
 log = logging.getLogger(__name__)
@@ -71,16 +73,19 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         credentials: Credentials | None = None,
         ca: Path | None = None,
+        protocol: wire.Protocol = wire.PROTOCOL,
     ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.credentials = credentials
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
+        # what this agent speaks, said with each request (the server reads it on work polls; gpumode.wire)
+        hello = wire.hello_headers(protocol, __version__, default_registry().actions())
         # the system trust store, or the operator's CA (gpumode.tls); a bad CA file is refused at start
         verify = verify_context(ca)
         self._http = httpx.Client(
-            base_url=self.server + API, timeout=30.0, transport=transport, verify=verify
+            base_url=self.server + API, timeout=30.0, transport=transport, verify=verify, headers=hello
         )
 
     def close(self) -> None:
@@ -185,6 +190,7 @@ class Client:
         if response.status_code == 204:
             return None
         job: dict[str, Any] = response.json()["job"]
+        job["plan"] = wire.read_plan(job["plan"])  # a plan schema this agent does not know is refused
         return job
 
     def job(self, job_id: int) -> dict[str, Any]:

@@ -76,6 +76,10 @@ class Node(Base):
     # current node token (a reinstalled host that lost it); used up by that join (0006).
     replace_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     replace_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # What the node's agent said about itself when it last asked for work (gpumode.wire; 0008): its gpumode
+    # version (None from 0.1.0, which does not say) and protocol; the node list shows agents out of date.
+    agent_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    agent_protocol: Mapped[str | None] = mapped_column(String(8), nullable=True)
 
     @validates("vms")
     def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

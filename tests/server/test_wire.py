@@ -107,3 +107,4 @@ def test_an_agent_outside_the_served_range_is_told_to_upgrade(api: Api) -> None:
     r = api.client.get("/api/v1/nodes/n1/work", params={"wait": 0},
                        headers={"Authorization": f"Bearer {token}", "X-Gpumode-Protocol": "0.9"})  # fmt: skip
     assert r.status_code == 426 and "accepts agents from 1.0" in r.json()["detail"]
+

@@ -71,3 +71,23 @@ def test_a_lost_card_is_released_from_its_host_page(dash: Dash) -> None:
     assert 'id="lost-cards"' not in dash.client.get(f"/ui/nodes/{HGX}").text
     again = dash.client.post(f"/ui/cards/{card.id}/release", data={"csrf": csrf})
     assert again.status_code == 409
+
+
+def test_the_host_page_marks_an_out_of_date_agent(dash: Dash) -> None:
+    from gpumode.emulated.create import create_host
+    from gpumode.emulated.fixtures import get_fixture
+    from gpumode.host.discover import discover
+
+    snapshot = discover(create_host(get_fixture("rtx-workstation"), dash.tmp / "ws"))
+    body = {"hostname": snapshot.hostname, "snapshot": snapshot.to_dict()}
+    join = {"Authorization": f"Bearer {dash.join}"}
+    joined = dash.client.post("/api/v1/agents/join", headers=join, json=body)
+    node = {"Authorization": f"Bearer {joined.json()['token']}"}
+    host_page = f"/ui/nodes/{snapshot.hostname}"
+    dash.sign_in(dash.admin)
+    assert 'id="agent-version"' not in dash.client.get(host_page).text  # not heard from yet
+    # a gpumode 0.1.0 agent asks for work: it sends no protocol header
+    work = f"/api/v1/nodes/{snapshot.hostname}/work"
+    assert dash.client.get(work, params={"wait": 0}, headers=node).status_code == 204
+    marked = '<span id="agent-version">0.1.0 <span class="sev sev-warning">out of date: upgrade it</span>'
+    assert marked in dash.client.get(host_page).text

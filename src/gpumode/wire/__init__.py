@@ -122,6 +122,13 @@ def agent_hello(headers: Mapping[str, str]) -> AgentHello:
     return AgentHello(protocol, version[:32] if version else None, actions)
 
 
+def out_of_date(protocol: str | None) -> bool | None:
+    """Whether an agent that said ``protocol`` speaks an older one than this gpumode (None: not heard yet)."""
+    if protocol is None:
+        return None
+    return parse_protocol(protocol) < PROTOCOL
+
+
 def hello_headers(protocol: Protocol, version: str, actions: Iterable[str]) -> dict[str, str]:
     """The headers an agent of ``protocol`` sends with each request for work (none for 1.0: 0.1.0 sent
     none)."""

@@ -33,15 +33,8 @@ def _node_out(node: Node, group: str | None, state: ServerState) -> dict[str, An
         "last_seen": state.last_seen.get(node.name),
         "agent_version": node.agent_version,
         "agent_protocol": node.agent_protocol,
-        "agent_out_of_date": _out_of_date(node.agent_protocol),
+        "agent_out_of_date": wire.out_of_date(node.agent_protocol),
     }
-
-
-def _out_of_date(protocol: str | None) -> bool | None:
-    """Whether the node's agent speaks an older protocol than this server (None: not heard from yet)."""
-    if protocol is None:
-        return None
-    return wire.parse_protocol(protocol) < wire.PROTOCOL
 
 
 @router.get("/nodes", response_model=list[NodeOut])

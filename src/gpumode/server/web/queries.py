@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from gpumode import wire
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
 from gpumode.orm import as_utc
 from gpumode.server import audit
@@ -222,6 +223,10 @@ class HostDetail:
     active_job: int | None = None
     last_seen: datetime | None = None
     vm_of_device: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def agent_out_of_date(self) -> bool:
+        return bool(wire.out_of_date(self.node.agent_protocol))
 
 
 def host_detail(

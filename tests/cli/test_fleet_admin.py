@@ -25,6 +25,7 @@ from .remote_support import CLEAN_ENV
 class Site:
     def __init__(self, server: LocalServer, admin: str, join: str, home: Path) -> None:
         self.server, self.admin, self.join, self.home = server, admin, join, home
+        self.node_tokens: dict[str, str] = {}
 
     def cli(self, *args: str) -> Result:
         env = {**CLEAN_ENV, "HOME": str(self.home), "GPUMODE_SERVER": self.server.url}
@@ -34,10 +35,12 @@ class Site:
     def report(self, host: Host) -> None:
         snapshot = discover(host)
         api = f"{self.server.url}/api/v1"
-        body = {"hostname": snapshot.hostname, "snapshot": snapshot.to_dict()}
-        r = httpx.post(f"{api}/agents/join", headers={"Authorization": f"Bearer {self.join}"}, json=body)
-        assert r.status_code == 201, r.text
-        node = {"Authorization": f"Bearer {r.json()['token']}"}
+        if snapshot.hostname not in self.node_tokens:  # the first report is the join
+            body = {"hostname": snapshot.hostname, "snapshot": snapshot.to_dict()}
+            r = httpx.post(f"{api}/agents/join", headers={"Authorization": f"Bearer {self.join}"}, json=body)
+            assert r.status_code == 201, r.text
+            self.node_tokens[snapshot.hostname] = r.json()["token"]
+        node = {"Authorization": f"Bearer {self.node_tokens[snapshot.hostname]}"}
         r = httpx.post(f"{api}/nodes/{snapshot.hostname}/report", headers=node, json=snapshot.to_dict())
         assert r.status_code == 200, r.text
 

@@ -17,7 +17,7 @@ from gpumode.server import audit, fleet_ops
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep
 from gpumode.server.models import Node
-from gpumode.server.schemas import NAME_PATTERN
+from gpumode.server.schemas import NAME_PATTERN, RowId
 from gpumode.server.state import ServerState
 from gpumode.server.web.access import WebUser, one, read_form, require_role
 from gpumode.server.web.render import page
@@ -85,7 +85,7 @@ def _change(
 
 
 @router.post(UI + "/cards/{card_id}/release", response_model=None)
-async def release(request: Request, card_id: int, web: WebUser) -> Response:
+async def release(request: Request, card_id: RowId, web: WebUser) -> Response:
     require_role(request, web, Role.OPERATOR)
     await read_form(request, web)  # the CSRF check
     state: ServerState = request.app.state.gpumode

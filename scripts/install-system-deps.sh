@@ -3,10 +3,12 @@
 #   libvirt-dev, pkg-config, gcc, python3-dev: build libvirt-python (the libvirt tests use its test:///default driver)
 #   python3-venv: scripts/test.sh creates .venv     pciutils: lspci, for comparing with a real host
 #   chromium: the dashboard's browser tests (tests/web/test_browser.py drive it headless through Playwright)
+#   systemd: systemd-analyze, which verifies deploy/systemd/ (tests/deploy/test_systemd.py)
+#   openssl, curl, sqlite3, postgresql-client: docs/deploy.md's commands, run by tests/deploy/
 # Quiet unless something fails; safe to run again and again.
 set -euo pipefail
 
-packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv chromium)
+packages=(libvirt-dev pkg-config pciutils gcc python3-dev python3-venv chromium systemd openssl curl sqlite3 postgresql-client)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'

@@ -72,3 +72,31 @@ def test_demo_refuses_a_used_directory(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "is not an empty directory" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["something"]  # nothing was added
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"mode": "vgpu", "vgpu_type": "NVIDIA H100XM-20C", "vgpu_count": 2, "vm_policy": "all"},
+        {"mode": "accel", "vm_policy": "all"},
+        {"mode": "vgpu"},
+    ],
+)
+def test_the_commands_the_demo_prints_are_the_ones_it_runs(body: dict[str, object]) -> None:
+    """Each printed ``gpumode switch`` line, parsed by the real CLI, sends the very body the demo sends."""
+    import shlex
+
+    import typer
+
+    from gpumode.cli.demo import switch_command
+    from gpumode.cli.remote_jobs import switch_body
+
+    line = switch_command("hgx-h100-01", body, "--dry-run")
+    argv = shlex.split(line)
+    assert argv[:3] == ["gpumode", "switch", "hgx-h100-01"]
+    command = typer.main.get_command(app).commands["switch"]  # type: ignore[attr-defined]
+    params = command.make_context("switch", argv[2:]).params
+    assert params["dry_run"] is True
+    sent = switch_body(params["mode"], vgpu_type=params["vgpu_type"], count=params["count"],
+                       vm_policy=params["vm_policy"])  # fmt: skip
+    assert sent == {"gpus": [], "vm_policy": "gpu", **body}

@@ -130,6 +130,7 @@ def test_operator_switches_a_host_and_watches_the_job_live(browser: Browser, sta
     page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
     expect(page.locator("#job-state")).to_have_text("succeeded", timeout=JOB_TIMEOUT_MS)
     assert page.evaluate("window.__sameDocument === true"), "the job page reloaded instead of updating live"
+    expect(page.locator("#job-progress .progress-text")).to_contain_text("· 100%")  # painted live
     expect(page.locator("#cards tbody")).to_contain_text("vgpu")
     expect(page.locator("#cards tbody")).not_to_contain_text("accel")
     assert page.locator("#cancel").count() == 0

@@ -384,3 +384,32 @@ def test_viewer_sees_no_rollout_button_and_gets_403_when_posting(dash: Dash) -> 
     assert _rollouts(dash) == [] and _jobs(dash) == []
     audit = dash.api("GET", "/audit", params={"actor": "vic"}).json()  # type: ignore[attr-defined]
     assert [a["status_code"] for a in audit if a["action"] != "POST /ui/login"] == [403, 403]
+
+
+def test_the_audit_log_shows_people_only_on_request(dash: Dash) -> None:
+    dash.token("viewer", "vic")  # a person's action, beside the agents' joins of the seed
+    everyone = dash.api("GET", "/audit").json()  # type: ignore[attr-defined]
+    people = dash.api("GET", "/audit", params={"people": "true"}).json()  # type: ignore[attr-defined]
+    assert any(a["role"] not in ("viewer", "operator", "admin") for a in everyone)  # the joins
+    assert people and {a["role"] for a in people} <= {"viewer", "operator", "admin"}
+    humans = ("viewer", "operator", "admin")
+    assert [a["id"] for a in people] == [a["id"] for a in everyone if a["role"] in humans]
+    dash.sign_in(dash.admin)
+    page = dash.client.get("/ui/audit", params={"people": "1"}).text
+    assert "POST /api/v1/tokens" in page and "agents/join" not in page
+    assert 'name="people" value="1" checked' in page
+    assert "agents/join" in dash.client.get("/ui/audit").text
+
+
+def test_the_job_page_has_an_overall_progress_bar(dash: Dash) -> None:
+    dash.sign_in(dash.admin)
+    csrf = dash.csrf()
+    dash.client.post(f"/ui/nodes/{HGX}/switch", data={"csrf": csrf, **PLAN})
+    job = _jobs(dash)[0]
+    html = dash.client.get(f"/ui/jobs/{job['id']}").text
+    total = len(job["steps"])
+    assert f'aria-valuemax="{total}" aria-valuenow="0"' in html
+    assert f"0 of {total} steps · 0%" in html
+    with dash.client.stream("GET", f"/ui/jobs/{job['id']}/stream") as stream:
+        first = json.loads(next(stream.iter_text()).split("data: ", 1)[1].split("\n", 1)[0])
+    assert first["job"]["progress"] == {"finished": 0, "total": total, "percent": 0, "current": None}

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
+
+from gpumode import __version__, wire
+from gpumode.modes.steps import default_registry
+from gpumode.tls import verify_context
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
@@ -67,13 +72,21 @@ class Client:
         max_backoff_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         credentials: Credentials | None = None,
+        ca: Path | None = None,
+        protocol: wire.Protocol = wire.PROTOCOL,
     ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.credentials = credentials
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
-        self._http = httpx.Client(base_url=self.server + API, timeout=30.0, transport=transport)
+        # what this agent speaks, said with each request (the server reads it on work polls; gpumode.wire)
+        hello = wire.hello_headers(protocol, __version__, default_registry().actions())
+        # the system trust store, or the operator's CA (gpumode.tls); a bad CA file is refused at start
+        verify = verify_context(ca)
+        self._http = httpx.Client(
+            base_url=self.server + API, timeout=30.0, transport=transport, verify=verify, headers=hello
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -177,6 +190,7 @@ class Client:
         if response.status_code == 204:
             return None
         job: dict[str, Any] = response.json()["job"]
+        job["plan"] = wire.read_plan(job["plan"])  # a plan schema this agent does not know is refused
         return job
 
     def job(self, job_id: int) -> dict[str, Any]:

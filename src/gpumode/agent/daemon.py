@@ -41,6 +41,7 @@ class AgentOptions:
     wait_s: float = 25.0
     max_backoff_s: float = 30.0
     apply_desired: bool = True
+    ca: Path | None = None  # verify the server against this CA bundle instead of the system store
 
 
 class Agent:
@@ -120,7 +121,8 @@ class Agent:
         """The client every later call goes through: a refused token is retried, not fatal."""
         credentials = NodeCredentials(self.host, server, self.node, token)
         self.client = Client(
-            server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s, credentials=credentials
+            server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s,
+            credentials=credentials, ca=self.options.ca,
         )
         return self.client
 
@@ -145,7 +147,9 @@ class Agent:
             self.node = look(self.host).snapshot.hostname
             return self._client(server, token)
         view = look(self.host)
-        joiner = Client(server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
+        joiner = Client(
+            server, token, stop=self.stop, max_backoff_s=self.options.max_backoff_s, ca=self.options.ca
+        )
         try:
             # A node token stored for another server address may still be this node's: it proves a re-join.
             proof = stored.token if stored is not None and stored.node == view.snapshot.hostname else None
@@ -161,7 +165,9 @@ class Agent:
 
     def _still_accepted(self, server: str, stored: agent_config.AgentConfig) -> bool:
         """Whether the server still takes the stored node token (waiting while the server is away)."""
-        probe = Client(server, stored.token, stop=self.stop, max_backoff_s=self.options.max_backoff_s)
+        probe = Client(
+            server, stored.token, stop=self.stop, max_backoff_s=self.options.max_backoff_s, ca=self.options.ca
+        )
         try:
             probe.call("GET", f"/nodes/{stored.node}")
         except ApiError as exc:

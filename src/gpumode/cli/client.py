@@ -1,8 +1,8 @@
 """The remote CLI's side of the REST API: where the server is, who we are, and one call that turns every
 failure into a :class:`RemoteError` carrying the server's own message.
 
-Server URL and token come from, highest first: the ``--server``/``--token`` options, the
-``GPUMODE_SERVER``/``GPUMODE_TOKEN`` environment, then the client config file
+Server URL, token and CA bundle come from, highest first: the ``--server``/``--token``/``--ca`` options, the
+``GPUMODE_SERVER``/``GPUMODE_TOKEN``/``GPUMODE_CA`` environment, then the client config file
 (``~/.config/gpumode/client.toml``, or the path given by ``--config`` / ``GPUMODE_CLIENT_CONFIG``). Each value
 is resolved on its own, so a token from the environment can go with a server from the file.
 """
@@ -23,7 +23,8 @@ DEFAULT_CONFIG = Path("~/.config/gpumode/client.toml")
 CONFIG_ENV = "GPUMODE_CLIENT_CONFIG"
 SERVER_ENV = "GPUMODE_SERVER"
 TOKEN_ENV = "GPUMODE_TOKEN"
-CONFIG_KEYS = ("server", "token")
+CA_ENV = "GPUMODE_CA"
+CONFIG_KEYS = ("server", "token", "ca")
 
 # Exit codes of the remote verbs (docs/cli.md): scripts tell "refused" from "unreachable" from "failed".
 EXIT_FAILED = 1  # a job failed or was cancelled; the server answered 404 or 5xx
@@ -50,6 +51,7 @@ class ClientConfig:
     token: str | None
     server_source: str
     token_source: str
+    ca: Path | None = None  # verify the server against this CA bundle instead of the system store
 
 
 def resolve_config(
@@ -57,6 +59,7 @@ def resolve_config(
     token: str | None = None,
     config_path: Path | None = None,
     environ: dict[str, str] | None = None,
+    ca: Path | None = None,
 ) -> ClientConfig:
     """Resolve server and token by precedence: options > environment > config file.
 
@@ -78,6 +81,7 @@ def resolve_config(
 
     url, url_source = pick(server, SERVER_ENV, "server")
     secret, secret_source = pick(token, TOKEN_ENV, "token")
+    ca_file, _ = pick(str(ca) if ca else None, CA_ENV, "ca")
     if url is None:
         raise RemoteError(
             f'no server given: pass --server URL, set {SERVER_ENV}, or put server = "URL" in {path}',
@@ -87,7 +91,9 @@ def resolve_config(
         raise RemoteError(
             f"server {url!r} (from {url_source}) is not an http:// or https:// URL", EXIT_BAD_INPUT
         )
-    return ClientConfig(url.rstrip("/"), secret, url_source, secret_source)
+    return ClientConfig(
+        url.rstrip("/"), secret, url_source, secret_source, Path(ca_file).expanduser() if ca_file else None
+    )
 
 
 def _read_config(path: Path, *, required: bool) -> dict[str, str]:
@@ -127,9 +133,17 @@ class Client:
             import httpx
         except ImportError as exc:  # httpx comes with the `server` extra
             raise RemoteError("the remote commands need httpx: pip install 'gpumode[server]'", 2) from exc
+        from gpumode.tls import CaFileError, verify_context
+
         self.config = config
         headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
-        self._http = httpx.Client(base_url=config.server + API, headers=headers, timeout=timeout_s)
+        try:
+            verify = verify_context(config.ca)
+        except CaFileError as exc:
+            raise RemoteError(str(exc), EXIT_BAD_INPUT) from exc
+        self._http = httpx.Client(
+            base_url=config.server + API, headers=headers, timeout=timeout_s, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()

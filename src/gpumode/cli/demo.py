@@ -16,6 +16,7 @@ Then the server keeps running (URL and an admin token printed) until Ctrl-C, or 
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import sys
@@ -113,16 +114,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def _serve_until_interrupted(console: Console, stack: DemoStack) -> None:
     console.rule("[bold]the server keeps running")
-    console.print(f"Open  [bold]{stack.url}/api/v1/docs[/]  (admin token below)")
+    console.print(f"Dashboard:  [bold]{stack.url}/ui/[/]  (sign in with the admin token)")
     console.print(f"Admin token: [bold]{stack.admin_token}[/]")
+    console.print(f"API docs:   {stack.url}/api/v1/docs")
     console.print("Try, in another terminal:")
     console.print(f"  export GPUMODE_SERVER={stack.url} GPUMODE_TOKEN={stack.admin_token}")
+    back = {"mode": "accel", "vm_policy": "all"}
     for line in (
         "gpumode nodes",
         "gpumode gpus --node l40s-node-03",
         "gpumode cards --status lost",
-        f"gpumode switch {HGX} --mode accel --dry-run",
-        f"gpumode switch {HGX} --mode accel --wait",
+        "gpumode card release ID            # the lost card's id, from the line above",
+        switch_command(HGX, back, "--dry-run"),
+        switch_command(HGX, back, "--wait"),
         "gpumode events",
     ):
         console.print(f"  {line}")
@@ -255,10 +259,11 @@ class Walkthrough:
         doc["models"][RTX6000_MODEL] = ["accel", "passthrough"]
         self.console.print(render.whitelist_view(self.api.put("/modes", doc)))
         self.say(f"Quadro RTX 6000 ({RTX6000_MODEL}) may not run vGPU here; asking anyway:")
-        self.say(f"  $ gpumode switch {WORKSTATION} --mode vgpu --dry-run")
+        refused = {"mode": "vgpu"}
+        self.say(f"  $ {switch_command(WORKSTATION, refused, '--dry-run')}")
         try:
             self.api.request("POST", f"/nodes/{WORKSTATION}/switch", params={"dry_run": "true"},
-                             json={"mode": "vgpu"})  # fmt: skip
+                             json=refused)  # fmt: skip
         except RemoteError as exc:
             if exc.status != 422:
                 raise
@@ -276,10 +281,7 @@ class Walkthrough:
             "shut down the VMs, disable accel mode, replace the driver, create the vGPUs, register the "
             "cards (step 7). Nothing runs yet.",
         )
-        self.say(
-            f"  $ gpumode switch {HGX} --mode vgpu --vgpu-type '{HGX_VGPU_TYPE}' --count {HGX_VGPU_COUNT} "
-            "--vm-policy all --dry-run"
-        )
+        self.say(f"  $ {switch_command(HGX, self._switch_body(), '--dry-run')}")
         answer = self.api.request(
             "POST", f"/nodes/{HGX}/switch", params={"dry_run": "true"}, json=self._switch_body()
         )
@@ -293,7 +295,7 @@ class Walkthrough:
             "The job goes to the host's agent, which runs the host steps with a journal and reports each "
             "one; the server then registers the vGPU cards.",
         )
-        self.say(f"  $ gpumode switch {HGX} --mode vgpu --vgpu-type '{HGX_VGPU_TYPE}' --count 2 --wait")
+        self.say(f"  $ {switch_command(HGX, self._switch_body(), '--wait')}")
         job = self.api.post(f"/nodes/{HGX}/switch", self._switch_body())
         final = follow(self.api, job["id"], self.console, timeout_s=WAIT_S * 2)
         if final["state"] != "succeeded":
@@ -365,6 +367,23 @@ class Walkthrough:
             f"[green]✔[/] the server's inventory matches all {len(nodes)} hosts "
             f"(walkthrough: {elapsed:.0f} s)"
         )
+
+
+def switch_command(node: str, body: dict[str, Any], *flags: str) -> str:
+    """The ``gpumode switch`` line that sends ``body``: what the demo prints is what it runs."""
+    options = {
+        "mode": "--mode",
+        "vgpu_type": "--vgpu-type",
+        "vgpu_count": "--count",
+        "vm_policy": "--vm-policy",
+    }
+    unknown = set(body) - set(options)
+    assert not unknown, f"no switch option for {unknown}"
+    parts = ["gpumode", "switch", node]
+    for key, option in options.items():
+        if key in body:
+            parts += [option, shlex.quote(str(body[key]))]
+    return " ".join([*parts, *flags])
 
 
 def _hypervisor(host: Host) -> EmulatedHypervisor:

@@ -33,6 +33,9 @@ ConfigOpt = typer.Option(
     "--config",
     help="Client config file \\[env GPUMODE_CLIENT_CONFIG; default ~/.config/gpumode/client.toml].",
 )
+CaOpt = typer.Option(
+    None, "--ca", help="CA bundle to verify the server with \\[env GPUMODE_CA, config `ca`; default: system]."
+)
 JsonOpt = typer.Option(False, "--json", help="Print the server's JSON instead of a table.")
 NodeOpt = typer.Option(None, "--node", "-n", help="Only this node.")
 
@@ -60,13 +63,14 @@ class Remote:
     server: str | None = None
     token: str | None = None
     config: Path | None = None
+    ca: Path | None = None
 
     @contextmanager
     def connect(self) -> Iterator[Client]:
         """A client for the resolved server; any :class:`RemoteError` inside becomes one line and an exit
         code."""
         try:
-            with Client(resolve_config(self.server, self.token, self.config)) as client:
+            with Client(resolve_config(self.server, self.token, self.config, ca=self.ca)) as client:
                 yield client
         except RemoteError as exc:
             raise fail(str(exc), exc.exit_code) from None
@@ -77,6 +81,7 @@ _CONNECTION = [
     inspect.Parameter("server", inspect.Parameter.KEYWORD_ONLY, default=ServerOpt, annotation=str | None),
     inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, default=TokenOpt, annotation=str | None),
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=ConfigOpt, annotation=Path | None),
+    inspect.Parameter("ca", inspect.Parameter.KEYWORD_ONLY, default=CaOpt, annotation=Path | None),
 ]
 
 
@@ -89,8 +94,8 @@ def remote_verb(verb: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(verb)
     def run(*args: Any, server: str | None = None, token: str | None = None, config: Path | None = None,
-            **kwargs: Any) -> None:  # fmt: skip
-        verb(*args, remote=Remote(server, token, config), **kwargs)
+            ca: Path | None = None, **kwargs: Any) -> None:  # fmt: skip
+        verb(*args, remote=Remote(server, token, config, ca), **kwargs)
 
     run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}

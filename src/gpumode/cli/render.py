@@ -80,7 +80,7 @@ def _table(title: str | None, *columns: str, right: Iterable[str] = ()) -> Table
 
 
 def nodes_table(nodes: Sequence[Row], title: str | None = "nodes") -> Table:
-    table = _table(title, "node", "group", "mode", "driver", "GPUs", "last seen", right=("GPUs",))
+    table = _table(title, "node", "group", "mode", "driver", "GPUs", "agent", "last seen", right=("GPUs",))
     for n in nodes:
         table.add_row(
             n["name"],
@@ -88,9 +88,18 @@ def nodes_table(nodes: Sequence[Row], title: str | None = "nodes") -> Table:
             styled(n.get("mode"), MODE_STYLE),
             n.get("driver_state") or "-",
             str(n.get("gpu_count", "-")),
+            _agent(n),
             ago(n.get("last_seen")),
         )
     return table
+
+
+def _agent(node: Row) -> str:
+    """The agent's version, marked when it speaks an older protocol than the server."""
+    if node.get("agent_protocol") is None:
+        return "-"
+    version = node.get("agent_version") or "0.1.0"
+    return f"[yellow]{version} (out of date)[/]" if node.get("agent_out_of_date") else version
 
 
 def gpus_table(details: Sequence[Row], title: str | None = "GPUs") -> Table:

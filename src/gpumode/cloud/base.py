@@ -259,7 +259,9 @@ def cards_for_snapshot(snapshot: HostSnapshot) -> list[CardSpec]:
     """The cards a host in this state offers, one per schedulable unit, in a stable order."""
     node = snapshot.hostname
     by_address = {fn.address: fn for fn in snapshot.functions}
-    mdev_types = {m.uuid: m.type_id for fn in snapshot.functions for m in fn.mdevs}
+    # a vGPU card shows its type by name ("GRID T4-4Q"), as its parent lists it; by id when it does not
+    type_names = {t.type_id: t.name for fn in snapshot.functions for t in fn.mdev_types if t.name}
+    mdev_types = {m.uuid: type_names.get(m.type_id, m.type_id) for fn in snapshot.functions for m in fn.mdevs}
     specs: list[CardSpec] = []
     for gpu in sorted(snapshot.gpus, key=lambda g: g.address):
         identity = function_identity(by_address.get(gpu.address))
@@ -278,9 +280,9 @@ def cards_for_snapshot(snapshot: HostSnapshot) -> list[CardSpec]:
 
 
 def _vendor_type(vf: PciFunction | None) -> str | None:
-    """The vGPU type set on a VF through the vendor VFIO interface, by name when the VF still lists it."""
+    """The vGPU type set on a VF through the vendor VFIO interface, by name when the VF still lists it (else
+    its numeric id)."""
     if vf is None or vf.vendor_vgpu is None or vf.vendor_vgpu.current == 0:
         return None
     current = vf.vendor_vgpu.current
-    name = vf.vendor_vgpu.creatable.get(current)
-    return f"{current} ({name})" if name else str(current)
+    return vf.vendor_vgpu.creatable.get(current) or str(current)

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
-    """Build the app. The database schema is brought to ``head`` when the app starts (idempotent)."""
+    """Build the app. It refuses to start on a database whose schema is not this gpumode's
+    (``gpumode server migrate`` brings it there)."""
     engine = engine or db.make_engine(settings.db, pool_size=settings.db_pool_size)
     sessions = db.make_sessionmaker(engine)
     state = ServerState(
@@ -46,7 +47,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(db.upgrade, engine)
+        await run_in_threadpool(db.check_schema, engine)
         await run_in_threadpool(_recover_jobs, state)
         yield
         state.close()

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpumode.server.auth import Principal
+from gpumode.server.auth import USER_ROLES, Principal
 from gpumode.server.models import AuditEntry
 
 log = logging.getLogger(__name__)
@@ -118,14 +118,24 @@ def skip(request: Request) -> None:
     setattr(request.state, _DONE, True)
 
 
+PEOPLE = tuple(role.value for role in USER_ROLES)  # a person's token or session; not an agent's, not a join
+
+
 def list_entries(
-    session: Session, *, limit: int, before_id: int | None = None, actor: str | None = None
+    session: Session,
+    *,
+    limit: int,
+    before_id: int | None = None,
+    actor: str | None = None,
+    people: bool = False,
 ) -> list[AuditEntry]:
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if before_id is not None:
         query = query.where(AuditEntry.id < before_id)
     if actor is not None:
         query = query.where(AuditEntry.actor == actor)
+    if people:
+        query = query.where(AuditEntry.role.in_(PEOPLE))
     return list(session.scalars(query))
 
 

@@ -92,9 +92,55 @@ def alembic_config(engine: Engine | None = None) -> Config:
     return config
 
 
+class SchemaError(RuntimeError):
+    """The database's schema is not the one this gpumode runs on; the message says what to do."""
+
+
+def head_revision() -> str:
+    """The newest schema revision this gpumode knows."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "gpumode ships at least one migration"
+    return head
+
+
+def _known(revision: str) -> bool:
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def _refuse_newer(current: str | None) -> None:
+    if current is not None and not _known(current):
+        raise SchemaError(
+            f"the database's schema is at revision {current}, newer than this gpumode knows "
+            f"(newest: {head_revision()}): run a gpumode at least as new as the one that migrated it"
+        )
+
+
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest revision (idempotent)."""
+    """Bring the schema to the newest revision (idempotent); refuses a schema newer than this gpumode."""
+    _refuse_newer(current_revision(engine))
     command.upgrade(alembic_config(engine), "head")
+
+
+def check_schema(engine: Engine) -> None:
+    """Refuse to serve a database whose schema is not exactly this gpumode's (the server's start)."""
+    current = current_revision(engine)
+    _refuse_newer(current)
+    head = head_revision()
+    if current != head:
+        where = f"at revision {current}" if current else "empty (no gpumode schema)"
+        raise SchemaError(
+            f"the database is {where}; this gpumode needs revision {head}: "
+            "run `gpumode server migrate` (same --db/--config) first"
+            + ("" if current else ", or `gpumode server --init` for a new one")
+        )
 
 
 def current_revision(engine: Engine) -> str | None:

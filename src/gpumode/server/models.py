@@ -80,6 +80,10 @@ class Node(Base):
     # nothing new and needs no parsing (0008). Cleared whenever either is set; the report route sets it
     # again, after both, when it stored them from one body.
     report_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # What the node's agent said about itself when it last asked for work (gpumode.wire; 0009): its gpumode
+    # version (None from 0.1.0, which does not say) and protocol; the node list shows agents out of date.
+    agent_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    agent_protocol: Mapped[str | None] = mapped_column(String(8), nullable=True)
 
     @validates("vms")
     def _digest_vms(self, _key: str, vms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -24,6 +24,7 @@ _WHY = {
     "retry)",
     413: "the body is larger than the server's `max_body_bytes`",
     422: "invalid input: where and what, or why the request may not be carried out",
+    426: "the agent's protocol (`X-Gpumode-Protocol`) is not served here: upgrade gpumode on the host",
 }
 
 

@@ -161,6 +161,11 @@ class NodeOut(BaseModel):
     created_at: Utc
     changed_at: Utc
     last_seen: Utc | None = Field(default=None, description="last report seen by this server process")
+    agent_version: str | None = Field(default=None, description="the agent's gpumode version (0.1.0: none)")
+    agent_protocol: str | None = Field(default=None, description="the agent's wire protocol, e.g. 1.1")
+    agent_out_of_date: bool | None = Field(
+        default=None, description="the agent speaks an older protocol than the server: upgrade it"
+    )
 
 
 class NodeDetail(NodeOut):

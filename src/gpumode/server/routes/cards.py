@@ -3,14 +3,13 @@ passthrough aliases."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, status
 
 from gpumode.cloud.base import Card, CardError, CardStatus, PassthroughAlias, VgpuProfile
 from gpumode.domain import Mode
-from gpumode.server import audit, sync
+from gpumode.server import audit, fleet_ops
 from gpumode.server.deps import Operator, PlatformDep, SessionDep, Viewer
 from gpumode.server.responses import errors
 from gpumode.server.schemas import (
@@ -59,18 +58,7 @@ def patch_card(
                 status.HTTP_409_CONFLICT,
                 f"card {card_id} is lost (its device is gone); it can only be released (free)",
             )
-        platform.remove_cards([card_id])
-        session.add(
-            sync.make_event(
-                card.node,
-                "card.released",
-                sync.Severity.INFO,
-                card.device,
-                f"lost {card.kind.value} card {card_id} released by an operator and removed",
-                datetime.now(UTC),
-                before={"status": card.status.value, "holder": card.holder},
-            )
-        )
+        fleet_ops.release_lost(session, platform, card)
         audit.commit_audited(request, session, target=f"card:{card_id}", detail="lost card released")
         card.status, card.holder = CardStatus.FREE, None
         return card

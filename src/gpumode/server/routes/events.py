@@ -52,5 +52,6 @@ def list_audit(
     actor: str | None = None,
     before_id: RowId | None = None,
     limit: Limit = 100,
+    people: Annotated[bool, Query(description="only what people did (not agents, not joins)")] = False,
 ) -> list[AuditEntry]:
-    return audit.list_entries(session, limit=limit, before_id=before_id, actor=actor)
+    return audit.list_entries(session, limit=limit, before_id=before_id, actor=actor, people=people)

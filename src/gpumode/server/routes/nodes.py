@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
-from sqlalchemy import delete, select, update
+from sqlalchemy import select
 
+from gpumode import wire
 from gpumode.domain import HostSnapshot
-from gpumode.server import audit
+from gpumode.server import audit, fleet_ops
 from gpumode.server.auth import Principal, Role
 from gpumode.server.deps import Operator, PlatformDep, PrincipalDep, SessionDep, StateDep, Viewer, node_access
-from gpumode.server.models import HostGroup, ModeRule, Node
+from gpumode.server.models import HostGroup, Node
 from gpumode.server.responses import errors
 from gpumode.server.schemas import NAME_PATTERN, GroupOut, GroupPut, NodeDetail, NodeOut
 from gpumode.server.state import ServerState
-from gpumode.server.whitelist import GROUP
 
 router = APIRouter(tags=["nodes"])
 
@@ -32,6 +31,9 @@ def _node_out(node: Node, group: str | None, state: ServerState) -> dict[str, An
         "created_at": node.created_at,
         "changed_at": node.changed_at,
         "last_seen": state.last_seen.get(node.name),
+        "agent_version": node.agent_version,
+        "agent_protocol": node.agent_protocol,
+        "agent_out_of_date": wire.out_of_date(node.agent_protocol),
     }
 
 
@@ -107,14 +109,7 @@ def get_node(
 
 @router.get("/groups", response_model=list[GroupOut])
 def list_groups(_: Viewer, session: SessionDep) -> list[GroupOut]:
-    members: dict[str, list[str]] = {
-        g: [] for g in session.scalars(select(HostGroup.name).order_by(HostGroup.name))
-    }
-    for node, group in session.execute(
-        select(Node.name, HostGroup.name).join(HostGroup, HostGroup.id == Node.group_id)
-    ):
-        members[group].append(node)
-    return [GroupOut(name=g, nodes=sorted(n)) for g, n in members.items()]
+    return [GroupOut(name=g, nodes=n) for g, n in fleet_ops.group_members(session).items()]
 
 
 @router.put(
@@ -130,19 +125,10 @@ def put_group(
     request: Request,
     session: SessionDep,
 ) -> GroupOut:
-    wanted = sorted(set(body.nodes))
-    found = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(wanted)))} if wanted else {}
-    missing = [n for n in wanted if n not in found]
-    if missing:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"unknown node(s): {', '.join(missing)}")
-    group = session.scalars(select(HostGroup).where(HostGroup.name == name)).first()
-    if group is None:
-        group = HostGroup(name=name, created_at=datetime.now(UTC))
-        session.add(group)
-        session.flush()
-    session.execute(update(Node).where(Node.group_id == group.id).values(group_id=None))
-    if wanted:
-        session.execute(update(Node).where(Node.name.in_(wanted)).values(group_id=group.id))
+    try:
+        wanted = fleet_ops.set_group(session, name, body.nodes)
+    except fleet_ops.FleetOpError as exc:
+        raise HTTPException(exc.status, str(exc)) from exc
     audit.commit_audited(
         request, session, target=f"group:{name}", detail=f"members: {', '.join(wanted) or '-'}"
     )
@@ -151,10 +137,8 @@ def put_group(
 
 @router.delete("/groups/{name}", responses=errors(404, 409), status_code=status.HTTP_204_NO_CONTENT)
 def delete_group(name: str, _: Operator, request: Request, session: SessionDep) -> None:
-    group = session.scalars(select(HostGroup).where(HostGroup.name == name)).first()
-    if group is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no host group named {name!r}")
-    session.execute(update(Node).where(Node.group_id == group.id).values(group_id=None))
-    session.execute(delete(ModeRule).where(ModeRule.scope == GROUP, ModeRule.key == name))
-    session.delete(group)
+    try:
+        fleet_ops.delete_group(session, name)
+    except fleet_ops.FleetOpError as exc:
+        raise HTTPException(exc.status, str(exc)) from exc
     audit.commit_audited(request, session, target=f"group:{name}", status_code=204)

@@ -17,11 +17,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from gpumode import wire
 from gpumode.server import audit
 from gpumode.server.auth import Principal, Role, authenticate, bearer_secret
 from gpumode.server.deps import PlatformDep, PrincipalDep, SessionDep
+from gpumode.server.models import Node
 from gpumode.server.responses import errors
 from gpumode.server.schemas import JobEventsAck, JobEventsIn, RowId, WorkJob, WorkOut
 from gpumode.server.state import ServerState
@@ -59,33 +62,63 @@ def _authenticate(state: ServerState, request: Request, node: str) -> None:
     _node_only(principal, node)
 
 
-def _claim(state: ServerState, node: str) -> WorkOut | None:
+def _note_agent(state: ServerState, node: str, hello: wire.AgentHello) -> None:
+    """Keep what the agent said about itself on its node (the node list shows agents out of date); a write
+    only when it changed."""
     with state.sessions() as session:
-        job = claim_work(session, node, state.platform_factory(session))
+        row = session.scalars(select(Node).where(Node.name == node)).first()
+        protocol = str(hello.protocol)
+        if row is not None and (row.agent_version, row.agent_protocol) != (hello.version, protocol):
+            row.agent_version, row.agent_protocol = hello.version, protocol
+            session.commit()
+
+
+def _claim(state: ServerState, node: str, hello: wire.AgentHello) -> WorkOut | None:
+    with state.sessions() as session:
+        platform = state.platform_factory(session)
+        job = claim_work(session, node, platform)
         if job is None:
             return None
+        missing = wire.missing_actions(job.plan, hello)
+        untouched = all(s.get("state") == StepState.PENDING.value for s in job.steps)
+        if missing and untouched:
+            # never sent: the agent would not know these steps; the job fails before anything ran
+            error = (
+                f"the agent on {node} (gpumode {hello.version or '0.1.0'}, protocol {hello.protocol}) cannot "
+                f"run {', '.join(missing)}: upgrade gpumode on {node}, then switch again"
+            )
+            host_finished(session, platform, job, HostState.FAILED, error)
+            ended(session, job, platform)
+            session.commit()
+            return None
+        plan = wire.plan_for(job.plan, hello.protocol)
         return WorkOut(
-            job=WorkJob(id=job.id, state=job.state, cancel_requested=job.cancel_requested, plan=job.plan)
+            job=WorkJob(id=job.id, state=job.state, cancel_requested=job.cancel_requested, plan=plan)
         )
 
 
 @router.get(
     "/nodes/{name}/work",
     response_model=WorkOut,
-    responses={**errors(404), 204: {"description": "no work arrived within `wait` seconds"}},
+    responses={**errors(404, 426), 204: {"description": "no work arrived within `wait` seconds"}},
     summary="Long poll for the node's next job (its agent's node token only)",
 )
 async def work(
     name: str, request: Request, wait: Annotated[float, Query(ge=0, le=60)] = 25.0
 ) -> WorkOut | Response:
     state: ServerState = request.app.state.gpumode
+    try:
+        hello = wire.agent_hello(request.headers)
+    except wire.WireError as exc:
+        raise HTTPException(status.HTTP_426_UPGRADE_REQUIRED, str(exc)) from exc
     await run_in_threadpool(_authenticate, state, request, name)
+    await run_in_threadpool(_note_agent, state, name, hello)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     with state.wakeups.waiter(name) as wake:  # registered before the first look: no wake-up is lost
         while True:
             wake.clear()
-            found = await run_in_threadpool(_claim, state, name)
+            found = await run_in_threadpool(_claim, state, name, hello)
             if found is not None:
                 return found
             remaining = deadline - loop.time()

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpumode.server.web import admin, pages, rollouts, sessions, switch
+from gpumode.server.web import admin, fleet_ops, pages, rollouts, sessions, switch
 from gpumode.server.web.access import Forbidden, SignInNeeded, signed_in
 from gpumode.server.web.render import HERE, page
 from gpumode.server.web.session import SessionKeys
@@ -24,7 +24,7 @@ UI = "/ui"
 def install(app: FastAPI, session_key: str | None = None) -> None:
     """Serve the dashboard from ``app``. ``session_key`` overrides ``GPUMODE_WEB_SESSION_KEY``."""
     app.state.gpumode_web_keys = SessionKeys(session_key)
-    for module in (pages, switch, rollouts, admin, sessions):
+    for module in (pages, switch, rollouts, admin, sessions, fleet_ops):
         app.include_router(module.router)
     app.mount(f"{UI}/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     app.add_exception_handler(SignInNeeded, _sign_in)

@@ -160,10 +160,11 @@ def audit_log(
     q: Text = None,
     actor: Text = None,
     before_id: RowId | None = None,
+    people: bool = False,
 ) -> HTMLResponse:
     require_role(request, web, Role.ADMIN)
-    found = queries.search_audit(session, q=q, actor=actor or None, before_id=before_id)
+    found = queries.search_audit(session, q=q, actor=actor or None, before_id=before_id, people=people)
     more = found[-1].id if len(found) == queries.PAGE_SIZE else None
     actors = list(session.scalars(select(AuditEntry.actor).distinct().order_by(AuditEntry.actor).limit(200)))
-    args = {"q": q or "", "actor": actor or ""}
+    args = {"q": q or "", "actor": actor or "", "people": "1" if people else ""}
     return page(request, web, "audit.html", nav="audit", entries=found, args=args, more=more, actors=actors)

@@ -19,8 +19,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from gpumode import wire
 from gpumode.cloud.base import Card, CardStatus, CloudPlatform
 from gpumode.orm import as_utc
+from gpumode.server import audit
 from gpumode.server.models import AuditEntry, Event, HostGroup, Job, Node, NodeGpu
 
 PAGE_SIZE = 50
@@ -222,6 +224,10 @@ class HostDetail:
     last_seen: datetime | None = None
     vm_of_device: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def agent_out_of_date(self) -> bool:
+        return bool(wire.out_of_date(self.node.agent_protocol))
+
 
 def host_detail(
     session: Session, platform: CloudPlatform, name: str, last_seen: datetime | None
@@ -275,9 +281,17 @@ def search_events(
 
 
 def search_audit(
-    session: Session, *, q: str | None, actor: str | None, before_id: int | None, limit: int = PAGE_SIZE
+    session: Session,
+    *,
+    q: str | None,
+    actor: str | None,
+    before_id: int | None,
+    people: bool = False,
+    limit: int = PAGE_SIZE,
 ) -> list[AuditEntry]:
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if people:
+        query = query.where(AuditEntry.role.in_(audit.PEOPLE))
     if q:
         query = query.where(
             _mentions(q, AuditEntry.action, AuditEntry.target, AuditEntry.detail, AuditEntry.actor)

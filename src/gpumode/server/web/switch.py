@@ -34,6 +34,7 @@ from gpumode.server.switch.states import JobState
 from gpumode.server.switch.store import get_job
 from gpumode.server.web import live
 from gpumode.server.web.access import WebUser, read_form, require_role
+from gpumode.server.web.progress import step_progress
 from gpumode.server.web.render import duration, page
 from gpumode.server.web.session import WebSession
 
@@ -226,6 +227,7 @@ def job_view(job: Job) -> dict[str, Any]:
             }
             for s in job.steps
         ],
+        "progress": step_progress(job.steps),
     }
 
 

@@ -18,9 +18,11 @@
     const error = document.getElementById("job-error");
     error.textContent = job.error || "";
     error.classList.toggle("hidden", !job.error);
+    paintProgress(job.progress, job.state);
     for (const step of job.steps) {
       const row = document.querySelector('tr[data-step="' + CSS.escape(step.id) + '"]');
       if (!row) continue;
+      row.classList.toggle("current", step.id === job.progress.current);
       row.querySelector(".step-state").replaceChildren(badge(step.state));
       row.querySelector(".step-duration").textContent = step.duration;
       const note = row.querySelector(".step-note");
@@ -29,6 +31,20 @@
     const cancel = document.getElementById("cancel-form");
     if (cancel && !job.active) cancel.remove();
     if (!job.active) finish(root);
+  }
+
+  // The overall bar, and the running step kept in view (the list of a driver change is long).
+  function paintProgress(progress, state) {
+    const bar = document.getElementById("job-progress");
+    bar.setAttribute("aria-valuenow", progress.finished);
+    const fill = bar.querySelector(".progress-fill");
+    fill.style.width = progress.percent + "%";
+    fill.className = "progress-fill state-" + state;
+    bar.querySelector(".progress-text").textContent =
+      progress.finished + " of " + progress.total + " steps · " + progress.percent + "%";
+    if (progress.current === null) return;
+    const row = document.querySelector('tr[data-step="' + CSS.escape(progress.current) + '"]');
+    if (row) row.scrollIntoView({ block: "nearest", behavior: "smooth" });
   }
 
   function paintCards(cards) {

@@ -82,14 +82,7 @@ def server(
             raise typer.Exit(2)
         # Each worker builds its own app from the same settings: stateless processes, the database between.
         os.environ[_WORKER_SETTINGS] = settings.model_dump_json()
-        uvicorn.run(
-            f"{__name__}:worker_app",
-            factory=True,
-            workers=workers,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-        )
+        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=workers, **uvicorn_options(settings))
         return
     from gpumode.server.app import create_app
 

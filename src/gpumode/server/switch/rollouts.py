@@ -21,10 +21,11 @@ from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest
+from gpumode.errors import GpumodeError
 from gpumode.server import whitelist
 from gpumode.server.models import HostGroup, Job, Node, Rollout
 from gpumode.server.switch.codec import request_from_json, request_json
-from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound
+from gpumode.server.switch.errors import JobConflict, JobError, NotFound
 from gpumode.server.switch.lifecycle import cancel as cancel_job
 from gpumode.server.switch.planning import plan_for_node
 from gpumode.server.switch.states import JobState
@@ -60,13 +61,13 @@ def plan_all(
     session: Session, nodes: Sequence[Node], request: SwitchRequest, platform: CloudPlatform
 ) -> dict[str, Plan]:
     """Every member's plan, or :class:`GroupNotPlannable` naming each member that may not be switched."""
-    rules = whitelist.load(session)
+    rules = whitelist.rules(session)
     plans: dict[str, Plan] = {}
     refused: dict[str, str] = {}
     for node in nodes:
         try:
             plans[node.name] = plan_for_node(session, node, request, rules, platform)
-        except JobError as exc:
+        except GpumodeError as exc:
             refused[node.name] = exc.message
     if refused:
         raise GroupNotPlannable(refused, list(plans))
@@ -113,7 +114,7 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
     started = {j.node for j in own}
     blocked = list(rollout.blocked)
     active = sum(1 for j in own if JobState(j.state).active)
-    rules = whitelist.load(session)
+    rules = whitelist.rules(session)
     request = request_from_json(rollout.request)
     for name in rollout.nodes:
         if active >= rollout.concurrency or _failures(own, blocked) > rollout.max_failures:
@@ -126,8 +127,8 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
                 raise NotFound(f"node {name} was removed")
             plan = plan_for_node(session, node, request, rules, platform)
             job = create_job(session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id)
-        except (ActiveJobExists, JobError, NotFound) as exc:
-            blocked.append(f"{name}: {exc}")
+        except GpumodeError as exc:
+            blocked.append(f"{name}: {exc.message}")
             continue
         own.append(job)
         active += 1

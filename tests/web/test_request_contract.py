@@ -186,3 +186,18 @@ def test_a_refused_switch_wakes_nobody(dash: Dash, woken: list[str]) -> None:
     r = dash.api("POST", f"/nodes/{L40S}/switch", json={"mode": "turbo"})
     assert r.status_code == 422, r.text  # type: ignore[attr-defined]
     assert woken == []
+
+
+def test_a_rollout_refusal_names_the_choices_not_the_members(dash: Dash) -> None:
+    """The vGPU types every refused member offers, never the names of the members that could switch."""
+    r = dash.api("PUT", "/groups/gpu-b", json={"nodes": [L40S]})
+    assert r.status_code == 200, r.text  # type: ignore[attr-defined]
+    r = dash.api("POST", "/groups/gpu-b/switch", json={"mode": "vgpu", "vgpu_type": "NOPE-9Q"})
+    assert r.status_code == 422, r.text  # type: ignore[attr-defined]
+    detail = r.json()["detail"]  # type: ignore[attr-defined]
+    assert detail["code"] == "not_plannable" and L40S in detail["message"]
+    assert detail["choices"] and all("L40S" in c for c in detail["choices"]), detail
+    _group(dash)  # one H100 and one L40S host: no vGPU type both offer
+    r = dash.api("POST", "/groups/gpu-a/switch", json={"mode": "vgpu", "vgpu_type": "NOPE-9Q"})
+    detail = r.json()["detail"]  # type: ignore[attr-defined]
+    assert detail["code"] == "not_plannable" and detail["choices"] == [], detail

@@ -48,13 +48,18 @@ def members(session: Session, group: str) -> list[Node]:
 
 
 class GroupNotPlannable(JobError):
-    """Some members may not be switched: ``refused`` maps each, in member order, to the reason (the
-    dashboard lists them; the API shows the message, which names them all)."""
+    """Some members may not be switched: ``refused`` maps each, in member order, to its refusal (the
+    dashboard lists them; the API shows the message, which names them all). ``choices`` are what would work
+    on every refused member (e.g. the vGPU types they all offer), never member names; ``plannable`` the
+    members that could be switched."""
 
-    def __init__(self, refused: dict[str, str], plannable: Sequence[str]) -> None:
-        message = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
-        super().__init__("not_plannable", message, sorted(plannable))
-        self.refused = refused
+    def __init__(self, refused: dict[str, GpumodeError], plannable: Sequence[str]) -> None:
+        message = "; ".join(f"{name}: {exc.message}" for name, exc in refused.items())
+        lists = [exc.choices for exc in refused.values()]
+        common = [c for c in lists[0] if all(c in other for other in lists[1:])] if lists else []
+        super().__init__("not_plannable", message, common)
+        self.refused = {name: exc.message for name, exc in refused.items()}
+        self.plannable = sorted(plannable)
 
 
 def plan_all(
@@ -63,12 +68,12 @@ def plan_all(
     """Every member's plan, or :class:`GroupNotPlannable` naming each member that may not be switched."""
     rules = whitelist.rules(session)
     plans: dict[str, Plan] = {}
-    refused: dict[str, str] = {}
+    refused: dict[str, GpumodeError] = {}
     for node in nodes:
         try:
             plans[node.name] = plan_for_node(session, node, request, rules, platform)
         except GpumodeError as exc:
-            refused[node.name] = exc.message
+            refused[node.name] = exc
     if refused:
         raise GroupNotPlannable(refused, list(plans))
     return plans

@@ -273,11 +273,10 @@ def _preview(
 def _refusals(exc: rollouts.GroupNotPlannable) -> dict[str, Any]:
     """A whole-group refusal as a list of members and reasons, not hundreds of names run together."""
     lines = list(exc.refused.items())
-    members = len(lines) + len(exc.choices)
+    members = len(lines) + len(exc.plannable)
     return {
         **refusal_detail(exc),
         "message": f"{len(lines)} of {members} hosts may not be switched; nothing was started",
-        "choices": [],
         "refused": lines[:CONFIRM_NAMED],
         "refused_more": max(0, len(lines) - CONFIRM_NAMED),
     }

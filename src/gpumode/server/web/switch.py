@@ -67,13 +67,17 @@ def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]
         offer = policy.vgpu_offer(snap, gpu, catalog)
         if offer is not None:
             types.update(t.name for t in offer.types)
+    # a host with no GPU offers no mode: say so rather than an empty "not allowed:"
+    nothing = None if snap.gpus else f"{node.name} reported no NVIDIA GPU, so there is nothing to switch"
     modes = []
     for mode in policy.REQUESTABLE:
-        blocked = reasons[mode]
-        every = len(blocked) == len(snap.gpus)
+        blocked = reasons[mode] if snap.gpus else [nothing]
+        every = len(reasons[mode]) == len(snap.gpus)
         modes.append({"mode": mode.value, "disabled": every, "reasons": blocked})
     platform = state.platform_factory(session)
     return {
+        "nothing_to_switch": nothing,
+        "any_mode": any(not m["disabled"] for m in modes),
         "modes": modes,
         "gpus": gpus,
         "vgpu_types": sorted(types),

@@ -1,7 +1,7 @@
 """The mode engine's one door: plan, apply, resume, roll back, assert and report, on one host.
 
-The local CLI calls it today and the agent will tomorrow, so everything a caller needs is here and nothing
-here prints. The sequence of an apply is what makes it safe:
+The local CLI and the agent both call it, so everything a caller needs is here and nothing here prints.
+The sequence of an apply is what makes it safe:
 
 1. With no unfinished journal, the request is planned (and so validated) *before* anything is written: a bad
    request leaves the host's files byte for byte as they were.

@@ -408,6 +408,25 @@ def _without_unset_additions(fn: dict[str, Any]) -> dict[str, Any]:
 
 # --- plans --------------------------------------------------------------------------------------------------
 
+
+class StepState(StrEnum):
+    """The one vocabulary of a plan step's state: in the host's journal, in a server job and in the API."""
+
+    PENDING = "pending"
+    RUNNING = "running"  # the journal records it before apply: after a crash nobody knows whether apply ran
+    STARTED = "running"  # the journal's name for it until 2026-12 (an alias: the same member)
+    DONE = "done"
+    SKIPPED = "skipped"  # already done when checked, or a cloud step the local engine does not run
+    FAILED = "failed"
+    UNDOING = "undoing"
+    UNDONE = "undone"
+
+    @classmethod
+    def _missing_(cls, value: object) -> StepState | None:
+        # journals written before the vocabulary was one still read
+        return cls.RUNNING if value == "started" else None
+
+
 DeviceKind = Literal["pci", "mdev"]
 
 

@@ -141,3 +141,44 @@ def test_a_second_runner_is_refused(tmp_path: Path) -> None:
     with HostLock(host):
         code, out = gpumode("apply", "--mode", "passthrough", "--yes", "--root", str(host.root))
     assert code == 3 and "another gpumode runner" in out, out
+
+
+def _unfinished(host: Host, mode: str) -> str:
+    """A run planned and journalled but not run, as a kill right after the journal was written leaves it."""
+    from gpumode.modes import engine
+    from gpumode.modes.journal import JournalStore
+    from gpumode.modes.policy import parse_request
+
+    plan = engine.plan(host, parse_request(mode=mode, vm_policy="all"))
+    return JournalStore(host).create(plan, engine.new_plan_id(plan)).plan_id
+
+
+def test_resume_and_rollback_are_verbs_of_their_own(tmp_path: Path) -> None:
+    host = make_host(tmp_path / "h", "t4-mdev")
+    root = str(host.root)
+    for verb in ("resume", "rollback"):
+        code, out = gpumode(verb, "--help")
+        assert code == 0 and "unfinished run" in out and "--mode" not in out, out
+        code, out = gpumode(verb, "--root", root)
+        assert code == 0 and "no unfinished run" in out, out
+    plan_id = _unfinished(host, "passthrough")
+    code, out = gpumode("status", "--root", root)
+    assert "`gpumode resume` finishes it, `gpumode rollback` undoes it" in out, out
+    code, out = gpumode("resume", "--root", root)
+    assert code == 0 and f"run {plan_id} done" in out, out
+    assert gpumode("assert", "--mode", "passthrough", "--root", root)[0] == 0
+    _unfinished(host, "accel")
+    code, out = gpumode("rollback", "--root", root, "--json")
+    assert code == 0 and json.loads(out)[0]["state"] == "rolled_back", out
+    assert gpumode("assert", "--mode", "passthrough", "--root", root)[0] == 0
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--rollback"])
+def test_apply_resume_and_rollback_still_work_with_a_notice(tmp_path: Path, flag: str) -> None:
+    host = make_host(tmp_path / "h", "t4-mdev")
+    _unfinished(host, "passthrough")
+    result = CliRunner().invoke(app, ["apply", flag, "--root", str(host.root)], env={"COLUMNS": "200"})
+    verb = flag.removeprefix("--")
+    assert result.exit_code == 0, result.output
+    assert f"`gpumode apply {flag}` is deprecated; use `gpumode {verb}`" in result.stderr
+    assert ("done" if verb == "resume" else "rolled back") in result.stdout

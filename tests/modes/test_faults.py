@@ -195,7 +195,7 @@ def assert_nothing_lost_but_drivers(host: Host, vms_before: dict[str, tuple[bool
 
 def test_cli_resume_after_a_real_kill(tmp_path: Path) -> None:
     """The whole operator path in fresh processes: apply is killed, a second apply is refused nothing, and
-    `gpumode apply --resume` finishes the switch."""
+    `gpumode apply --resume` (the deprecated alias of `gpumode resume`) finishes the switch."""
     host = make_host(tmp_path / "h", "t4-mdev")
     mode, plan = target_plan(host, "t4-mdev")
     middle = host_step_numbers(plan)[len(host_step_numbers(plan)) // 2]

@@ -257,7 +257,7 @@ def test_ctrl_c_inside_a_command_says_where_it_stopped(tmp_path: Path) -> None:
     assert proc.returncode == 130, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())
     assert "interrupted (SIGINT)" in out and "after step 01-module.load-vfio_pci" in out, out
-    assert "`gpumode apply --resume` finishes it" in out and "`gpumode apply --rollback` undoes it" in out
+    assert "`gpumode resume` finishes it" in out and "`gpumode rollback` undoes it" in out
     journal = JournalStore(host).unfinished()
     assert journal is not None and journal.steps[0].state is StepState.DONE
     assert [c["argv"] for c in read_command_log(host.root)][-1] == ["modprobe", "vfio_pci"]

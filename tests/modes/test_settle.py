@@ -77,7 +77,7 @@ def test_a_rollback_that_leaves_a_device_behind_is_not_rolled_back(tmp_path: Pat
     shown = run_cli("journal", "show", "--root", str(host.root))
     assert shown.returncode == 0, shown.stdout + shown.stderr
     text = " ".join(shown.stdout.split())
-    assert "rolling-back" in text and "to put the host back (`gpumode apply --rollback`)" in text
+    assert "rolling_back" in text and "to put the host back (`gpumode rollback`)" in text
     assert f"✘ {stuck}" in text
 
     refused = run_cli("journal", "abandon", "--root", str(host.root))

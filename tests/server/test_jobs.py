@@ -333,3 +333,28 @@ def test_metrics_count_jobs_by_state(api: Api) -> None:
     text = api.client.get("/metrics", headers=api.headers(api.admin)).text
     assert 'gpumode_jobs{state="queued"} 1.0' in text
     assert 'gpumode_jobs{state="succeeded"} 0.0' in text
+
+
+def test_a_cancel_after_the_host_steps_finished_rolls_back_as_it_says(api: Api) -> None:
+    """The agent finished every host step but had not yet reported the result when the cancel came: the
+    cancel said the host is rolled back, so the finished run is undone and the job ends rolled_back saying
+    so, not succeeded with a cancel message."""
+    token = api.join("n1")
+    job = claim(api, "n1", token) if switch(api, "n1", PASSTHROUGH).status_code == 201 else {}
+    steps = [{"step": s["id"], "state": "done"} for s in job["plan"]["steps"] if s["where"] == "host"]
+    assert api.call("POST", f"/jobs/{job['id']}/events", token, json={"steps": steps}).status_code == 200
+    told = api.call("POST", f"/jobs/{job['id']}/cancel", api.admin).json()
+    assert told["cancel_requested"] is True and "rolls the host back" in told["error"]
+    again = api.call("POST", f"/jobs/{job['id']}/cancel", api.admin)  # asking twice changes nothing
+    assert again.status_code == 200 and again.json()["error"] == told["error"]
+    r = api.call("POST", f"/jobs/{job['id']}/events", token, json={"host": {"result": "done"}})
+    assert r.json()["state"] == "running" and r.json()["cancel_requested"] is True  # undo the finished run
+    assert all(c["kind"] != "passthrough" for c in api.cards(node="n1"))  # no cloud step ran
+    undone = [{"step": s["step"], "state": "undone"} for s in reversed(steps)]
+    r = api.call(
+        "POST", f"/jobs/{job['id']}/events", token, json={"steps": undone, "host": {"result": "rolled_back"}}
+    )
+    end = api.get(f"/jobs/{job['id']}").json()
+    assert r.json()["state"] == end["state"] == "rolled_back", end
+    assert end["error"].startswith("cancel requested by root") and "the host was rolled back" in end["error"]
+    assert api.events(kind="job.")[0]["kind"] == "job.rolled_back"

@@ -413,3 +413,27 @@ def test_the_job_page_has_an_overall_progress_bar(dash: Dash) -> None:
     with dash.client.stream("GET", f"/ui/jobs/{job['id']}/stream") as stream:
         first = json.loads(next(stream.iter_text()).split("data: ", 1)[1].split("\n", 1)[0])
     assert first["job"]["progress"] == {"finished": 0, "total": total, "percent": 0, "current": None}
+
+
+def test_a_host_without_gpus_says_why_no_mode_is_allowed_and_disables_preview(dash: Dash) -> None:
+    from gpumode.emulated.create import create_host
+    from gpumode.emulated.fixtures import get_fixture
+    from gpumode.host.discover import discover
+
+    snapshot = discover(create_host(get_fixture("t4-mdev"), dash.tmp / "t4"))
+    snapshot.hostname, snapshot.gpus = "cpu-only-01", []
+    snapshot.fingerprint = snapshot.compute_fingerprint()
+    body = snapshot.to_dict()
+    r = dash.client.post(
+        "/api/v1/agents/join",
+        headers={"Authorization": f"Bearer {dash.join}"},
+        json={"hostname": "cpu-only-01", "snapshot": body},
+    )
+    assert r.status_code == 201, r.text
+    dash.sign_in(dash.admin)
+    html = dash.client.get("/ui/nodes/cpu-only-01/switch").text
+    assert 'id="no-gpus"' in html and "reported no NVIDIA GPU" in html
+    assert re.search(r'<button type="submit" class="primary" id="preview" disabled>', html)
+    assert "not allowed: cpu-only-01 reported no NVIDIA GPU" in html  # each mode says why
+    html = dash.client.get(f"/ui/nodes/{HGX}/switch").text  # a host with GPUs: Preview stays enabled
+    assert 'id="no-gpus"' not in html and 'id="preview" >' in html

@@ -14,10 +14,11 @@ from gpumode.domain import HostSnapshot, Mode, SwitchRequest, VmPolicy
 from gpumode.emulated.create import create_host
 from gpumode.emulated.fixtures import get_fixture
 from gpumode.host.discover import discover
-from gpumode.server import db, sync
+from gpumode.modes.policy import RequestError
+from gpumode.server import db, sync, whitelist
 from gpumode.server.models import HostGroup, Job, Node
 from gpumode.server.schemas import Whitelist
-from gpumode.server.switch.errors import JobError, NotFound
+from gpumode.server.switch.errors import NotFound
 from gpumode.server.switch.planning import plan_for_node
 from gpumode.server.web import group_figures
 
@@ -100,12 +101,13 @@ def test_whitelist_refusals_are_the_planners(
     ids = _seed(empty, hosts)
     request = SwitchRequest(mode=Mode.PASSTHROUGH, gpus=[], vm_policy=VmPolicy.ALL)
     with Session(empty) as session:
+        whitelist.store(session, rules)  # the planner reads the rules from the database, as the service does
         f = group_figures.figures(session, ids["g"], "g", Mode.PASSTHROUGH, rules)
         planner: dict[str, str] = {}
         for node in group_figures.member_page(session, ids["g"], 1, 10):
             try:
-                plan_for_node(session, node, request, rules, EmbeddedPlatform(session))
-            except JobError as exc:
+                plan_for_node(session, node, request, whitelist.rules(session), EmbeddedPlatform(session))
+            except RequestError as exc:
                 if exc.code == "mode_not_allowed" and "disabled" in exc.message:
                     planner[node.name] = exc.message
     assert f.refused == len(f.refused_named) == len(planner)

@@ -1,5 +1,6 @@
-"""The agent's HTTP client: every call to the server, retried with exponential backoff while the server is
-away (connection refused, timeouts, 5xx), until it answers or the agent is told to stop.
+"""The agent's HTTP client, on the HTTP layer the remote CLI uses too (:mod:`gpumode.apiclient`): every call
+to the server, retried with exponential backoff while the server is away (connection refused, timeouts,
+5xx), until it answers or the agent is told to stop.
 
 A 4xx answer is not retried: it means the request itself is wrong, and repeating it cannot help; the caller
 decides what to do with :class:`ApiError`. Except 401 and 403 to a client with :class:`Credentials` (the
@@ -18,20 +19,12 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
 
 from gpumode import __version__, wire
+from gpumode.apiclient import ApiClient
+from gpumode.apiclient import ApiError as ApiError  # the one error type of both clients (gpumode.apiclient)
 from gpumode.modes.steps import default_registry
 from gpumode.tls import verify_context
 
 log = logging.getLogger(__name__)
-API = "/api/v1"
-
-
-class ApiError(RuntimeError):
-    """The server refused a request (4xx): ``status`` and the server's ``detail``."""
-
-    def __init__(self, status: int, detail: Any, what: str) -> None:
-        super().__init__(f"{what}: HTTP {status}: {detail}")
-        self.status = status
-        self.detail = detail
 
 
 class TokenRefused(ApiError):
@@ -52,12 +45,9 @@ class Stopped(RuntimeError):
     """The agent is stopping: a call waiting for the server gave up."""
 
 
-class _ServerAway(RuntimeError):
-    """5xx: the server is there but cannot answer now (restarting, database away); worth retrying."""
-
-
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.TransportError, _ServerAway, TokenRefused))
+    """The server is away (unreachable, 5xx: restarting, database away), or refuses our token."""
+    return isinstance(exc, ApiError) and (exc.away or isinstance(exc, TokenRefused))
 
 
 class Client:
@@ -83,13 +73,12 @@ class Client:
         # what this agent speaks, said with each request (the server reads it on work polls; gpumode.wire)
         hello = wire.hello_headers(protocol, __version__, default_registry().actions())
         # the system trust store, or the operator's CA (gpumode.tls); a bad CA file is refused at start
-        verify = verify_context(ca)
-        self._http = httpx.Client(
-            base_url=self.server + API, timeout=30.0, transport=transport, verify=verify, headers=hello
+        self._api = ApiClient(
+            self.server, timeout_s=30.0, transport=transport, verify=verify_context(ca), headers=hello
         )
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
     # --- one call, retried ----------------------------------------------------------------------------------
 
@@ -111,29 +100,17 @@ class Client:
 
         def once() -> httpx.Response:
             bearer = token or (watched.current() if watched is not None else self.token)
-            headers = {"Authorization": f"Bearer {bearer}"}
-            if content is not None:
-                headers["Content-Type"] = "application/json"
-            response = self._http.request(
-                method,
-                path,
-                json=json,
-                content=content,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-            if response.status_code >= 500:
-                raise _ServerAway(f"{what}: HTTP {response.status_code}")
-            if response.status_code >= 400:
-                try:
-                    detail = response.json().get("detail")
-                except ValueError:
-                    detail = response.text
-                if watched is not None and response.status_code in (401, 403):
-                    watched.refused(bearer, response.status_code, detail)
-                    raise TokenRefused(response.status_code, detail, what)
-                raise ApiError(response.status_code, detail, what)
+            try:
+                response = self._api.send(
+                    method, path, json=json, content=content, params=params, timeout=timeout, token=bearer
+                )
+            except ApiError as exc:
+                if watched is not None and exc.status in (401, 403):
+                    watched.refused(bearer, exc.status, exc.detail)
+                    raise TokenRefused(
+                        exc.message, status=exc.status, detail=exc.detail, what=what, reply=exc.reply
+                    ) from exc
+                raise
             if watched is not None:
                 watched.accepted(bearer)
             return response
@@ -152,7 +129,9 @@ class Client:
         )
         try:
             result: httpx.Response = retrying(once)
-        except (httpx.TransportError, _ServerAway, TokenRefused) as exc:
+        except ApiError as exc:
+            if not _retryable(exc):
+                raise
             raise Stopped(f"{what}: gave up, the agent is stopping ({exc})") from exc
         return result
 

@@ -1,5 +1,6 @@
-"""The remote CLI's side of the REST API: where the server is, who we are, and one call that turns every
-failure into a :class:`RemoteError` carrying the server's own message.
+"""The remote CLI's side of the REST API: where the server is, who we are, and one call (on the HTTP layer
+the agent uses too, :mod:`gpumode.apiclient`) that turns every failure into a :class:`RemoteError` carrying
+the server's own message and the exit code for it.
 
 Server URL, token and CA bundle come from, highest first: the ``--server``/``--token``/``--ca`` options, the
 ``GPUMODE_SERVER``/``GPUMODE_TOKEN``/``GPUMODE_CA`` environment, then the client config file
@@ -16,9 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import httpx
+    from gpumode.apiclient import ApiError
 
-API = "/api/v1"
 DEFAULT_CONFIG = Path("~/.config/gpumode/client.toml")
 CONFIG_ENV = "GPUMODE_CLIENT_CONFIG"
 SERVER_ENV = "GPUMODE_SERVER"
@@ -126,27 +126,32 @@ _STATUS_EXIT = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_FAILED, 409: EXIT_CONF
 
 
 class Client:
-    """A thin, synchronous client of ``/api/v1``: JSON in, JSON out, every failure a :class:`RemoteError`."""
+    """A thin, synchronous client of ``/api/v1`` on the shared HTTP layer (:mod:`gpumode.apiclient`): JSON
+    in, JSON out, every failure a :class:`RemoteError` with the exit code for it."""
 
     def __init__(self, config: ClientConfig, *, timeout_s: float = 30.0) -> None:
         try:
-            import httpx
-        except ImportError as exc:  # httpx comes with the `server` extra
+            import httpx  # noqa: F401  (comes with the `server` extra)
+        except ImportError as exc:
             raise RemoteError("the remote commands need httpx: pip install 'gpumode[server]'", 2) from exc
+        from gpumode.apiclient import ApiClient
         from gpumode.tls import CaFileError, verify_context
 
         self.config = config
-        headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
         try:
             verify = verify_context(config.ca)
         except CaFileError as exc:
             raise RemoteError(str(exc), EXIT_BAD_INPUT) from exc
-        self._http = httpx.Client(
-            base_url=config.server + API, headers=headers, timeout=timeout_s, verify=verify
+        self._api = ApiClient(
+            config.server,
+            token=config.token,
+            timeout_s=timeout_s,
+            origin=f" (from {config.server_source})",
+            verify=verify,
         )
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
     def __enter__(self) -> Client:
         return self
@@ -167,63 +172,18 @@ class Client:
         return self.request("DELETE", path)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
+        from gpumode.apiclient import ApiError
 
         try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.ConnectError as exc:
-            raise RemoteError(
-                f"cannot connect to the gpumode server at {self.config.server} "
-                f"(from {self.config.server_source}): {_reason(exc)}",
-                EXIT_UNREACHABLE,
-            ) from exc
-        except httpx.TimeoutException as exc:
-            raise RemoteError(
-                f"the gpumode server at {self.config.server} did not answer in time", EXIT_UNREACHABLE
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise RemoteError(
-                f"talking to the gpumode server at {self.config.server} failed: {exc}", EXIT_UNREACHABLE
-            ) from exc
-        if response.is_success:
-            return response.json() if response.content else None
-        raise self._refusal(response)
+            response = self._api.send(method, path, **kwargs)
+        except ApiError as exc:
+            raise self._refusal(exc) from exc
+        return response.json() if response.content else None
 
-    def _refusal(self, response: httpx.Response) -> RemoteError:
-        message = server_message(response)
-        if response.status_code == 401 and not self.config.token:
+    def _refusal(self, exc: ApiError) -> RemoteError:
+        if exc.status is None:
+            return RemoteError(exc.message, EXIT_UNREACHABLE)
+        message = f"{exc.status}: {exc.reply}"
+        if exc.status == 401 and not self.config.token:
             message += f" (no token given: pass --token, set {TOKEN_ENV}, or put token in the config file)"
-        code = _STATUS_EXIT.get(response.status_code, EXIT_FAILED)
-        return RemoteError(f"{response.status_code}: {message}", code, response.status_code)
-
-
-def server_message(response: httpx.Response) -> str:
-    """The server's ``detail`` as one line; a validation error lists each ``where: what``."""
-    try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    if isinstance(detail, str):
-        return detail
-    if isinstance(detail, dict):  # a refused switch: {"code", "message", "choices"} or {"message", "job"}
-        message = str(detail.get("message") or detail.get("code") or detail)
-        if detail.get("choices"):
-            message += f" (choose from: {', '.join(str(c) for c in detail['choices'])})"
-        if detail.get("job") is not None:
-            message += f" (see: gpumode job {detail['job']})"
-        return message
-    if isinstance(detail, list):
-        parts = []
-        for item in detail:
-            if isinstance(item, dict):
-                loc = ".".join(str(p) for p in item.get("loc", []) if p != "body")
-                parts.append(f"{loc}: {item.get('msg', '')}" if loc else str(item.get("msg", "")))
-            else:
-                parts.append(str(item))
-        return "; ".join(parts)
-    return response.reason_phrase or "request failed"
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    return "connection refused" if "refused" in text.lower() else text or type(exc).__name__
+        return RemoteError(message, _STATUS_EXIT.get(exc.status, EXIT_FAILED), exc.status)

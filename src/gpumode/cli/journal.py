@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpumode.cli.local import EXIT_FAILED, JsonOpt, RootOpt, _errors
+from gpumode.cli.exits import EXIT_FAILED, reported
+from gpumode.cli.local import JsonOpt, RootOpt
 
 if TYPE_CHECKING:
     from gpumode.modes.engine import JournalCheck
@@ -40,7 +41,7 @@ def show(
     from gpumode.modes.journal import JournalStore
 
     host = Host(root)
-    with _errors():
+    with reported():
         if plan_id:
             journal = JournalStore(host).finished(plan_id)
             if journal is None:
@@ -71,7 +72,7 @@ def abandon(
     from gpumode.modes.policy import RequestError
 
     host = Host(root)
-    with _errors():
+    with reported():
         check = engine.check_unfinished(host)
         if check is None:
             _nothing(False, "no unfinished run on this host: nothing to abandon")
@@ -81,7 +82,7 @@ def abandon(
             raise RequestError(
                 "needs_confirmation",
                 "abandoning leaves the host exactly as shown above and forgets how to undo this run: "
-                "pass --yes to do it (or try `gpumode apply --resume` / `gpumode apply --rollback` first)",
+                "pass --yes to do it (or try `gpumode resume` / `gpumode rollback` first)",
             )
         journal = engine.abandon(host, "the operator ran `gpumode journal abandon --yes`")
     console.print(
@@ -120,8 +121,8 @@ def _render(journal: Journal, check: JournalCheck | None) -> None:
     if check is None:
         return
     for label, lines, command in (
-        ("to finish the run", check.to_target, "gpumode apply --resume"),
-        ("to put the host back", check.to_previous, "gpumode apply --rollback"),
+        ("to finish the run", check.to_target, "gpumode resume"),
+        ("to put the host back", check.to_previous, "gpumode rollback"),
     ):
         if lines:
             console.print(f"[bold]{label}[/] (`{command}`), the host still differs:", highlight=False)

@@ -1,4 +1,4 @@
-"""Local verbs on one host, no server: ``plan``, ``apply``, ``assert``, ``status``.
+"""Local verbs on one host, no server: ``plan``, ``apply``, ``resume``, ``rollback``, ``assert``, ``status``.
 
 Exit codes (scripts and the agent rely on them):
 
@@ -28,20 +28,17 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from gpumode.cli.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, err_console, reported
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from gpumode.domain import Plan, SwitchRequest
+    from gpumode.host.root import Host
     from gpumode.modes.engine import ApplyResult, HostStatus
     from gpumode.modes.run import ProgressEvent, RunResult
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_BUSY = 3
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
 console = Console()
-err_console = Console(stderr=True)
 
 
 def _host_root(value: str) -> str:
@@ -93,47 +90,6 @@ RestartVmsOpt = typer.Option(
 )
 
 
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Turn the engine's exceptions into one clear line and the documented exit code."""
-    from rich.markup import escape
-
-    from gpumode.domain import PciAddressError
-    from gpumode.host.vms import HypervisorError, HypervisorUnavailable
-    from gpumode.modes.desired import DesiredStateError
-    from gpumode.modes.engine import EngineError
-    from gpumode.modes.journal import EngineBusy, JournalError
-    from gpumode.modes.policy import RequestError
-    from gpumode.yamlfile import ConfigError
-
-    try:
-        yield
-    except (RequestError, ConfigError, DesiredStateError, PciAddressError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-    except (EngineBusy, EngineError, JournalError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_BUSY) from None
-    except KeyboardInterrupt:
-        # outside a run's steps (planning, discovery): no step was cut off
-        err_console.print(
-            "interrupted before any step ran or after the last; `gpumode status` shows whether a run is "
-            "unfinished (`gpumode apply --resume` finishes it, `--rollback` undoes it)",
-            highlight=False,
-        )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except HypervisorUnavailable as exc:
-        err_console.print(
-            f"[bold red]error:[/] {escape(str(exc))} (--without-hypervisor plans without VMs)",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-    except HypervisorError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_FAILED) from None
-
-
 def _request(
     mode: str | None,
     gpus: list[str] | None,
@@ -144,18 +100,16 @@ def _request(
     restart_vms: bool = True,
     allow_boot_vga: bool = False,
 ) -> SwitchRequest:
-    from gpumode.domain import SwitchRequest
-    from gpumode.modes.policy import RequestError, parse_mode, parse_vm_policy
+    """The options as a request, checked by the one request check the server and the dashboard use too."""
+    from gpumode.modes.policy import parse_request
 
-    if mode is None:
-        raise RequestError("missing_mode", "--mode is required", ["accel", "vgpu", "passthrough"])
-    return SwitchRequest(
-        mode=parse_mode(mode),
-        gpus=list(gpus or []),
+    return parse_request(
+        mode=mode,
+        gpus=gpus or [],
         vgpu_type=vgpu_type,
         vgpu_count=count,
         passthrough_alias=alias,
-        vm_policy=parse_vm_policy(vm_policy),
+        vm_policy=vm_policy,
         restart_vms=restart_vms,
         allow_boot_vga=allow_boot_vga,
     )
@@ -182,7 +136,7 @@ def plan(
     from gpumode.modes import engine
 
     config = engine.EngineConfig(without_hypervisor=without_hypervisor)
-    with _errors():
+    with reported():
         the_plan = engine.plan(
             Host(root),
             _request(mode, gpu, vgpu_type, count, alias, vm_policy, restart_vms, allow_boot_vga),
@@ -195,58 +149,18 @@ def plan(
 
 
 def render_plan(the_plan: Plan) -> None:
-    table = Table(title=f"plan for {the_plan.hostname}: {the_plan.request.mode.value}", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("action")
-    table.add_column("target")
-    table.add_column("what")
-    table.add_column("where")
-    table.add_column("est.", justify="right")
-    for n, step in enumerate(the_plan.steps, 1):
-        style = "dim" if step.where != "host" else ""
-        table.add_row(
-            str(n),
-            step.action,
-            step.target,
-            step.description,
-            step.where,
-            f"{step.estimate_s:g}s",
-            style=style,
-        )
-    console.print(table)
-    console.print(_impact(the_plan))
+    """The plan and its impact, drawn as the remote ``switch --dry-run`` draws a server's plan."""
+    from gpumode.cli import render
 
-
-def _impact(the_plan: Plan) -> Table:
-    imp = the_plan.impact
-    table = Table(title="impact", title_justify="left", show_header=False, box=None, padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    for address, (now, after) in sorted(imp.gpus.items()):
-        table.add_row(f"GPU {address}", f"{now.value} → {after.value}")
-    rows: list[tuple[str, list[str]]] = [
-        ("VMs stopped", imp.vms_stopped),
-        ("VMs started again", imp.vms_restarted),
-        ("VMs left stopped", imp.vms_left_stopped),
-        ("devices detached", imp.devices_detached),
-        ("vGPUs reclaimed", imp.vgpus_reclaimed),
-        ("modules unloaded", imp.modules_unloaded),
-        ("modules loaded", imp.modules_loaded),
-        ("packages removed", imp.packages_removed),
-        ("packages installed", imp.packages_installed),
-    ]
-    for label, values in rows:
-        if values:
-            table.add_row(label, ", ".join(values))
-    table.add_row("driver change", "yes" if imp.driver_change else "no")
-    table.add_row("reboot required", "[bold red]yes[/]" if imp.reboot_required else "no")
-    table.add_row("estimated time", f"{imp.estimated_seconds:g} s")
-    for note in imp.notes:
-        table.add_row("note", f"[yellow]{note}[/]")
-    return table
+    console.print(render.plan_view(the_plan.to_dict()))
 
 
 # --- apply --------------------------------------------------------------------------------------------------
+
+
+NoRollbackOpt = typer.Option(
+    False, "--no-rollback", help="On failure, stop where it is instead of undoing the plan."
+)
 
 
 def apply(
@@ -258,13 +172,14 @@ def apply(
     vm_policy: str = VmPolicyOpt,
     restart_vms: bool = RestartVmsOpt,
     root: str = RootOpt,
-    resume: bool = typer.Option(False, "--resume", help="Only finish the unfinished run (after a crash)."),
+    resume: bool = typer.Option(False, "--resume", help="Deprecated: use `gpumode resume`."),
     rollback: bool = typer.Option(
-        False, "--rollback", help="Undo the unfinished run (alone, or before applying --mode)."
+        False,
+        "--rollback",
+        help="With --mode: undo the unfinished run first, instead of finishing it. "
+        "Alone: deprecated, use `gpumode rollback`.",
     ),
-    no_rollback: bool = typer.Option(
-        False, "--no-rollback", help="On failure, stop where it is instead of undoing the plan."
-    ),
+    no_rollback: bool = NoRollbackOpt,
     from_desired: bool = typer.Option(
         False, "--from-desired", help="Re-apply each GPU's desired mode (at boot)."
     ),
@@ -273,37 +188,44 @@ def apply(
     without_hypervisor: bool = WithoutHypervisorOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Switch the host: plan, confirm, run with a journal; finish or undo an unfinished run first."""
+    """Switch the host to --mode (or back to each GPU's desired mode): plan, confirm, run with a journal.
+
+    An unfinished run is finished first (or undone, with --rollback). To only finish or only undo an
+    unfinished run, use `gpumode resume` or `gpumode rollback`.
+    """
     from gpumode.domain import VmPolicy
     from gpumode.host.root import Host
     from gpumode.modes import engine
     from gpumode.modes.policy import RequestError, parse_vm_policy
 
     host = Host(root)
-    with _errors():
-        if sum((resume, rollback and mode is None, from_desired, mode is not None)) != 1:
+    with reported():
+        if resume or (rollback and mode is None and not from_desired):
+            if resume and rollback:
+                raise RequestError("bad_options", "--resume and --rollback exclude each other")
+            if mode is not None or from_desired or gpu or vgpu_type or count is not None or alias:
+                raise RequestError(
+                    "bad_options",
+                    "--resume and --rollback (alone) take no --mode, --from-desired or GPU option",
+                )
+            verb = "resume" if resume else "rollback"
+            err_console.print(
+                f"[yellow]notice:[/] `gpumode apply --{verb}` is deprecated; use `gpumode {verb}`",
+                highlight=False,
+            )
+            _settle(host, resume=resume, no_rollback=no_rollback, as_json=as_json)
+            return
+        if (mode is None) == (not from_desired):
             raise RequestError(
                 "bad_options",
-                "give exactly one of --mode, --resume, --rollback (alone) or --from-desired",
+                "give exactly one of --mode or --from-desired "
+                "(`gpumode resume` / `gpumode rollback` settle an unfinished run)",
             )
-        if resume and rollback:
-            raise RequestError("bad_options", "--resume and --rollback exclude each other")
         if mode is None and (gpu or vgpu_type or count is not None or alias):
             raise RequestError("bad_options", "--gpu, --vgpu-type, --count and --alias go with --mode")
         progress = _Progress(quiet=as_json)
         results: list[RunResult] = []
-        if resume or (rollback and mode is None):
-            with progress.live():
-                if resume:
-                    run = engine.resume(host, progress, rollback_on_failure=not no_rollback)
-                else:
-                    run = engine.rollback(host, progress)
-            if run is None:
-                _say(as_json, {"state": "nothing-to-do"}, "no unfinished run on this host")
-                return
-            results.append(run)
-            ok = run.state.value == ("done" if resume else "rolled-back")
-        elif from_desired:
+        if from_desired:
             policy = parse_vm_policy(vm_policy) if vm_policy else VmPolicy.GPU
             with progress.live():
                 outcomes = engine.apply_desired(
@@ -344,6 +266,49 @@ def apply(
         raise typer.Exit(EXIT_FAILED)
 
 
+def resume(root: str = RootOpt, no_rollback: bool = NoRollbackOpt, as_json: bool = JsonOpt) -> None:
+    """Finish the host's unfinished run (after a crash or a kill): each step is checked, the rest run.
+
+    A step that fails is undone with the rest of the run, unless --no-rollback. Exit 0 when the run ends
+    done; with no unfinished run, says so and exits 0.
+    """
+    from gpumode.host.root import Host
+
+    with reported():
+        _settle(Host(root), resume=True, no_rollback=no_rollback, as_json=as_json)
+
+
+def rollback(root: str = RootOpt, as_json: bool = JsonOpt) -> None:
+    """Undo the host's unfinished run: every step it touched, newest first, back to where it started.
+
+    Exit 0 when the run ends rolled back; with no unfinished run, says so and exits 0.
+    """
+    from gpumode.host.root import Host
+
+    with reported():
+        _settle(Host(root), resume=False, no_rollback=False, as_json=as_json)
+
+
+def _settle(host: Host, *, resume: bool, no_rollback: bool, as_json: bool) -> None:
+    """Finish (``resume``) or undo the unfinished run; exit 1 unless it ended that way (130 if cut off)."""
+    from gpumode.modes import engine
+
+    progress = _Progress(quiet=as_json)
+    with progress.live():
+        if resume:
+            run = engine.resume(host, progress, rollback_on_failure=not no_rollback)
+        else:
+            run = engine.rollback(host, progress)
+    if run is None:
+        _say(as_json, {"state": "nothing-to-do"}, "no unfinished run on this host")
+        return
+    _summary([run], as_json)
+    if run.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if run.state.value != ("done" if resume else "rolled_back"):
+        raise typer.Exit(EXIT_FAILED)
+
+
 def _runs(outcome: ApplyResult) -> list[RunResult]:
     return [r for r in (outcome.previous, outcome.run) if r is not None]
 
@@ -368,26 +333,26 @@ def _summary(results: list[RunResult], as_json: bool) -> None:
         why = f"; {r.error}" if r.error else ""
         if r.state.value == "done":
             console.print(f"[bold green]✔ run {r.plan_id} done[/]: {tally} ({spent:.2f} s)")
-        elif r.state.value == "rolled-back":
+        elif r.state.value == "rolled_back":
             console.print(f"[bold yellow]↺ run {r.plan_id} rolled back[/]: {tally}{why}", highlight=False)
         elif r.interrupted:
             where = f"after step {r.stopped_at}" if r.stopped_at else "before its first step"
-            going = "rolling back" if r.state.value == "rolling-back" else "running"
+            going = "rolling back" if r.state.value == "rolling_back" else "running"
             finishes = "finishes the rollback" if going == "rolling back" else "finishes it"
             console.print(
                 f"[bold yellow]⏸ run {r.plan_id} interrupted[/] ({r.interrupted}) while {going}, {where}: "
                 f"{tally}; that step finished, nothing is half done\n"
-                f"  `gpumode apply --resume` {finishes}, `gpumode apply --rollback` undoes it; "
+                f"  `gpumode resume` {finishes}, `gpumode rollback` undoes it; "
                 "`gpumode journal show` lists every step",
                 highlight=False,
             )
         else:
             left = "".join(f"\n  ✘ {line}" for line in r.left)
-            state = "rolling back, not finished" if r.state.value == "rolling-back" else "stopped"
+            state = "rolling back, not finished" if r.state.value == "rolling_back" else "stopped"
             console.print(
                 f"[bold red]✘ run {r.plan_id} {state}[/]: {tally}{why if not r.left else ''}{left}\n"
-                "  the host is left where it stopped: fix what is named above, then `gpumode apply --resume` "
-                "or `gpumode apply --rollback`; `gpumode journal show` lists every step, and "
+                "  the host is left where it stopped: fix what is named above, then `gpumode resume` "
+                "or `gpumode rollback`; `gpumode journal show` lists every step, and "
                 "`gpumode journal abandon --yes` gives up on a run that cannot settle",
                 highlight=False,
             )
@@ -412,7 +377,7 @@ class _Progress:
     """A live table, one line per step reached: state and elapsed time; fed by the runner's events."""
 
     _STYLE: ClassVar[dict[str, str]] = {
-        "started": "cyan", "done": "green", "skipped": "dim", "failed": "bold red",
+        "running": "cyan", "done": "green", "skipped": "dim", "failed": "bold red",
         "undoing": "yellow", "undone": "yellow", "pending": "dim",
     }  # fmt: skip
 
@@ -428,7 +393,7 @@ class _Progress:
         key = (event.plan_id, event.index, event.phase)
         row = self.rows.setdefault(key, [event, time.monotonic(), None])
         row[0] = event
-        if event.state.value in ("started", "undoing"):
+        if event.state.value in ("running", "undoing"):
             row[1], row[2] = time.monotonic(), None
         else:
             row[2] = event.elapsed_s if event.elapsed_s is not None else time.monotonic() - row[1]
@@ -448,7 +413,7 @@ class _Progress:
         table.add_column(justify="right")
         for (_, index, phase), (event, started, elapsed) in self.rows.items():
             state = event.state.value
-            running = state in ("started", "undoing")
+            running = state in ("running", "undoing")
             mark: RenderableType = (
                 Spinner("dots") if running else Text(state, style=self._STYLE.get(state, ""))
             )
@@ -489,7 +454,7 @@ def assert_(
     from gpumode.modes import engine
     from gpumode.modes.policy import RequestError
 
-    with _errors():
+    with reported():
         try:
             wanted = Mode(mode.strip().lower())
         except ValueError:
@@ -513,7 +478,7 @@ def status(root: str = RootOpt, as_json: bool = JsonOpt) -> None:
     from gpumode.host.root import Host
     from gpumode.modes import engine
 
-    with _errors():
+    with reported():
         st = engine.status(Host(root))
     if as_json:
         print(json.dumps(_status_dict(st), indent=2, default=str))
@@ -536,7 +501,7 @@ def status(root: str = RootOpt, as_json: bool = JsonOpt) -> None:
         console.print(
             f"[bold yellow]unfinished run[/] {j.plan_id} ({j.plan.request.mode.value}): {j.state.value}, "
             f"{done}/{len(j.steps)} steps; {j.error or ''}\n"
-            "  `gpumode apply --resume` finishes it, `gpumode apply --rollback` undoes it, "
+            "  `gpumode resume` finishes it, `gpumode rollback` undoes it, "
             "`gpumode journal show` lists its steps",
             highlight=False,
         )

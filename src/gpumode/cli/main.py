@@ -41,6 +41,8 @@ def _subapp(name: str, module: str, panel: str, attr: str = "app") -> None:
 _command("discover", "gpumode.cli.discover", "discover", HOST)
 _command("plan", "gpumode.cli.local", "plan", HOST)
 _command("apply", "gpumode.cli.local", "apply", HOST)
+_command("resume", "gpumode.cli.local", "resume", HOST)
+_command("rollback", "gpumode.cli.local", "rollback", HOST)
 _command("assert", "gpumode.cli.local", "assert_", HOST)
 _command("status", "gpumode.cli.local", "status", HOST)
 _subapp("emulate", "gpumode.cli.emulate", HOST)

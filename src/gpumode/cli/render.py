@@ -26,8 +26,8 @@ STATUS_STYLE = {"free": "green", "in_use": "cyan", "reserved": "yellow", "lost":
 SEVERITY_STYLE = {"info": "", "warning": "yellow", "critical": "bold red"}
 JOB_STYLE = {
     "pending": "dim", "queued": "dim", "running": "cyan", "succeeded": "green", "done": "green",
-    "failed": "bold red", "cancelled": "yellow", "canceled": "yellow", "rolled-back": "yellow",
-    "rolled_back": "yellow", "skipped": "dim", "started": "cyan", "undoing": "yellow", "undone": "yellow",
+    "failed": "bold red", "cancelled": "yellow", "canceled": "yellow",
+    "rolled_back": "yellow", "skipped": "dim", "undoing": "yellow", "undone": "yellow",
 }  # fmt: skip
 
 Row = Mapping[str, Any]

@@ -15,17 +15,22 @@ from typing import TYPE_CHECKING, Protocol
 from gpumode.domain import DeviceKind as DeviceKind
 from gpumode.domain import Vm as Vm
 from gpumode.domain import VmDevice as VmDevice
+from gpumode.errors import GpumodeError
 
 if TYPE_CHECKING:
     from gpumode.host.root import Host
 
 
-class HypervisorError(RuntimeError):
+class HypervisorError(GpumodeError, RuntimeError):
     """A VM operation failed; the message names the VM and what was attempted."""
+
+    default_code = "hypervisor_failed"
 
 
 class HypervisorUnavailable(HypervisorError):
     """No hypervisor to ask: its client library is not installed, or no hypervisor answers."""
+
+    default_code = "no_hypervisor"
 
 
 NO_HYPERVISOR_NOTE = "no hypervisor found: no VMs considered"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumode.domain import Mode, Plan, SwitchRequest, VmPolicy
+from gpumode.errors import GpumodeError
 from gpumode.host.root import Host
 from gpumode.modes.journal import atomic_write
 
@@ -22,8 +23,10 @@ DESIRED_SCHEMA = "gpumode.desired/v1"
 DESIRED_PATH = "etc/gpumode/desired.json"
 
 
-class DesiredStateError(ValueError):
+class DesiredStateError(GpumodeError, ValueError):
     """The desired-state file is unreadable or malformed; the message names the file and the problem."""
+
+    default_code = "bad_desired_state"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The mode engine's one door: plan, apply, resume, roll back, assert and report, on one host.
 
-The local CLI calls it today and the agent will tomorrow, so everything a caller needs is here and nothing
-here prints. The sequence of an apply is what makes it safe:
+The local CLI and the agent both call it, so everything a caller needs is here and nothing here prints.
+The sequence of an apply is what makes it safe:
 
 1. With no unfinished journal, the request is planned (and so validated) *before* anything is written: a bad
    request leaves the host's files byte for byte as they were.
@@ -24,12 +24,11 @@ from pathlib import Path
 from gpumode.domain import (
     HostSnapshot,
     Mode,
-    PciAddressError,
     Plan,
     SwitchRequest,
     VmPolicy,
-    normalize_address,
 )
+from gpumode.errors import GpumodeError
 from gpumode.host.discover import discover
 from gpumode.host.root import Host
 from gpumode.host.vms import NO_HYPERVISOR_NOTE, Hypervisor, HypervisorUnavailable, open_hypervisor
@@ -45,12 +44,14 @@ from gpumode.modes.desired import (
 )
 from gpumode.modes.journal import HostLock, Journal, JournalStore, RunState
 from gpumode.modes.plan import plan_switch
-from gpumode.modes.policy import RequestError, Whitelist, load_whitelist
+from gpumode.modes.policy import RequestError, Whitelist, load_whitelist, parse_address
 from gpumode.modes.run import ProgressCallback, Runner, RunResult, Verifier
 
 
-class EngineError(RuntimeError):
+class EngineError(GpumodeError, RuntimeError):
     """The engine cannot go on (an unfinished journal it could not finish, a stale plan); says what to do."""
+
+    default_code = "unsettled_run"
 
 
 @dataclass(slots=True)
@@ -127,10 +128,7 @@ def _canonical_gpus(snapshot: HostSnapshot, gpus: list[str]) -> list[str]:
     refused."""
     out = []
     for text in gpus:
-        try:
-            address = normalize_address(text)
-        except PciAddressError as exc:
-            raise RequestError("bad_address", str(exc)) from None
+        address = parse_address(text)
         if snapshot.gpu(address) is None:
             raise RequestError(
                 "unknown_gpu",
@@ -218,8 +216,8 @@ def _settle(
     if not result.state.finished:
         raise EngineError(
             f"the unfinished run {journal.plan_id} could not be settled "
-            f"({result.error or result.state.value}); fix the cause, then `gpumode apply --resume` or "
-            "`gpumode apply --rollback`; `gpumode journal show` compares the host with both, "
+            f"({result.error or result.state.value}); fix the cause, then `gpumode resume` or "
+            "`gpumode rollback`; `gpumode journal show` compares the host with both, "
             "`gpumode journal abandon --yes` gives the run up"
         )
     return result
@@ -278,7 +276,7 @@ def undo_finished(
     newest first, from the undo records its journal kept; the GPUs' desired state goes back too.
 
     Crash-safe and repeatable: the journal is reopened (rolling back) before anything is undone, so a crash
-    leaves an unfinished rolling-back journal that :func:`rollback` or :func:`resume` finishes; a run already
+    leaves an unfinished rolling_back journal that :func:`rollback` or :func:`resume` finishes; a run already
     undone is returned as it is.
     """
     store = JournalStore(host)
@@ -289,7 +287,7 @@ def undo_finished(
             if unfinished.plan_id != plan_id:
                 raise EngineError(
                     f"cannot undo run {plan_id}: run {unfinished.plan_id} is unfinished on this host; "
-                    "settle it first (`gpumode apply --resume` or `--rollback`)"
+                    "settle it first (`gpumode resume` or `gpumode rollback`)"
                 )
             undo_success(host, plan_id)
             return runner.rollback(unfinished)  # an undo a crash interrupted

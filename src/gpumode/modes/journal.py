@@ -28,41 +28,42 @@ from pathlib import Path
 from typing import Any
 
 from gpumode.domain import Impact, Mode, Plan, Step, SwitchRequest, VmPolicy
+from gpumode.domain import StepState as StepState  # in domain now (one vocabulary); kept for run.py
+from gpumode.errors import GpumodeError
 from gpumode.host.root import Host
 
 JOURNAL_SCHEMA = "gpumode.journal/v1"
 STATE_DIR = "var/lib/gpumode"
 
 
-class StepState(StrEnum):
-    PENDING = "pending"
-    STARTED = "started"  # recorded before apply; after a crash nobody knows whether apply ran
-    DONE = "done"
-    SKIPPED = "skipped"  # already done when checked, or a cloud step the local engine does not run
-    FAILED = "failed"
-    UNDOING = "undoing"
-    UNDONE = "undone"
-
-
 class RunState(StrEnum):
     RUNNING = "running"
     DONE = "done"
     STOPPED = "stopped"  # a step failed and rollback was declined: the host is left where it stopped
-    ROLLING_BACK = "rolling-back"
-    ROLLED_BACK = "rolled-back"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"  # as a job's state says it
     ABANDONED = "abandoned"  # given up by the operator (`gpumode journal abandon`); the host stays as left
 
     @property
     def finished(self) -> bool:
         return self in (RunState.DONE, RunState.ROLLED_BACK)
 
+    @classmethod
+    def _missing_(cls, value: object) -> RunState | None:
+        # journals written before the vocabulary was one spelled these with a hyphen
+        return {"rolling-back": cls.ROLLING_BACK, "rolled-back": cls.ROLLED_BACK}.get(str(value))
 
-class JournalError(RuntimeError):
+
+class JournalError(GpumodeError, RuntimeError):
     """A journal file is unreadable or not a gpumode journal; the message names the file."""
 
+    default_code = "bad_journal"
 
-class EngineBusy(RuntimeError):
+
+class EngineBusy(GpumodeError, RuntimeError):
     """Another runner holds the host lock."""
+
+    default_code = "engine_busy"
 
 
 @dataclass(slots=True)
@@ -285,7 +286,7 @@ class JournalStore:
     def reopen(self, journal: Journal, why: str) -> Journal:
         """Make a finished journal unfinished again, rolling back (to undo a run after it ended).
 
-        Crash-safe: the plan, then the journal (state ``rolling-back``) are written into the journal directory
+        Crash-safe: the plan, then the journal (state ``rolling_back``) are written into the journal directory
         before the finished copy goes; a crash in between leaves an unfinished journal that rolls back, and
         the stale copy in ``done/`` is replaced when that rollback archives it.
         """

@@ -4,12 +4,12 @@ Pure: it reads only its arguments (the snapshot discovery made, the hypervisor's
 the whitelist), so the plan shown by ``--dry-run``, stored with a job and executed is one and the same. Each
 step's ``action``/``target``/``params`` follow ``docs/plan-steps.md``, the contract with the step executor.
 
-The shape follows the method (DESIGN.md, steps 4–7): when the host's driver flavour is already right only
-card and environment steps are emitted; otherwise the old flavour is torn down (its vGPUs reclaimed from VMs
-first) and the new one installed. Passthrough never changes the host driver: a GPU is released from it and
-moved, with its whole IOMMU group, to vfio-pci. Only GPUs the request names are moved; the others keep their
-mode, and the driver under them is left alone unless the request covers them (``policy.check_compatible``
-refuses the rest).
+The shape follows the method's steps 4–7 (docs/architecture.md explains the numbering): when the host's driver
+flavour is already right only card and environment steps are emitted; otherwise the old flavour is torn down
+(its vGPUs reclaimed from VMs first) and the new one installed. Passthrough never changes the host driver: a
+GPU is released from it and moved, with its whole IOMMU group, to vfio-pci. Only GPUs the request names are
+moved; the others keep their mode, and the driver under them is left alone unless the request covers them
+(``policy.check_compatible`` refuses the rest).
 """
 
 from __future__ import annotations

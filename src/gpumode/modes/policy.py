@@ -10,8 +10,10 @@ Two kinds of rule, both checked before any plan is made:
   accel+vgpu; passthrough needs an IOMMU group; vgpu needs vGPU types for the model (from the host once the
   vGPU manager is loaded, else from the catalog).
 
-Every refusal is a :class:`RequestError` with a stable ``code``, a message naming what was wrong, and the
-valid choices.
+Every refusal is a :class:`RequestError` with a stable ``code`` (the table in :mod:`gpumode.errors`), a
+message naming what was wrong, and the valid choices. :func:`parse_request` is the one check of a request's
+own fields, for the local CLI, the REST API and the dashboard alike; :func:`resolve_request` then checks it
+against the host.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gpumode.domain import (
     VmPolicy,
     normalize_address,
 )
+from gpumode.errors import GpumodeError
 from gpumode.modes.catalog import Catalog, GpuModel, VgpuInterface, VgpuType, driver_branch
 from gpumode.yamlfile import Node, read_yaml
 
@@ -40,33 +43,70 @@ REQUESTABLE = (Mode.ACCEL, Mode.VGPU, Mode.PASSTHROUGH)
 HOST_DRIVER_MODES = frozenset({Mode.ACCEL, Mode.VGPU})  # the two that need (different builds of) nvidia
 
 
-class RequestError(ValueError):
+class RequestError(GpumodeError, ValueError):
     """A switch request cannot be planned. ``code`` is stable (API, tests); ``choices`` lists what works."""
 
     def __init__(self, code: str, message: str, choices: Sequence[str] = ()) -> None:
-        self.code = code
-        self.message = message
-        self.choices = tuple(choices)
-        text = message if not self.choices else f"{message} (valid: {', '.join(self.choices)})"
-        super().__init__(text)
+        super().__init__(message, code=code, choices=choices)
 
 
-def parse_mode(text: str) -> Mode:
-    """A requestable mode from its name; ``unknown_mode`` otherwise."""
+def parse_mode(text: str | None) -> Mode:
+    """A requestable mode from its name; ``missing_mode`` or ``unknown_mode`` otherwise."""
+    choices = [m.value for m in REQUESTABLE]
+    if text is None or not text.strip():
+        raise RequestError("missing_mode", "a target mode is required", choices)
     value = text.strip().lower()
     for mode in REQUESTABLE:
         if mode.value == value:
             return mode
-    raise RequestError("unknown_mode", f"unknown mode {text!r}", [m.value for m in REQUESTABLE])
+    raise RequestError("unknown_mode", f"unknown mode {text!r}", choices)
 
 
-def parse_vm_policy(text: str) -> VmPolicy:
+def parse_vm_policy(text: str | None) -> VmPolicy:
+    if text is None:
+        return VmPolicy.GPU
     try:
         return VmPolicy(text.strip().lower())
     except ValueError:
         raise RequestError(
             "unknown_vm_policy", f"unknown VM policy {text!r}", [p.value for p in VmPolicy]
         ) from None
+
+
+def parse_address(text: str) -> str:
+    """A GPU's canonical PCI address; ``bad_address`` when ``text`` is not one."""
+    try:
+        return normalize_address(text)
+    except PciAddressError as exc:
+        raise RequestError("bad_address", str(exc)) from None
+
+
+def parse_request(
+    *,
+    mode: str | None,
+    gpus: Sequence[str] = (),
+    vgpu_type: str | None = None,
+    vgpu_count: int | None = None,
+    passthrough_alias: str | None = None,
+    vm_policy: str | None = None,
+    restart_vms: bool = True,
+    allow_boot_vga: bool = False,
+) -> SwitchRequest:
+    """A switch request from its fields as a person gave them (CLI options, an API body, a form), checked on
+    their own: the mode, the VM policy, each address, and which options go with which mode. What needs the
+    host (does the GPU exist, is the type offered, may the mode run there) is :func:`resolve_request`'s."""
+    request = SwitchRequest(
+        mode=parse_mode(mode),
+        gpus=[parse_address(g) for g in gpus],
+        vgpu_type=vgpu_type,
+        vgpu_count=vgpu_count,
+        passthrough_alias=passthrough_alias,
+        vm_policy=parse_vm_policy(vm_policy),
+        restart_vms=restart_vms,
+        allow_boot_vga=allow_boot_vga,
+    )
+    check_options(request)
+    return request
 
 
 # --- the whitelist ------------------------------------------------------------------------------------------
@@ -318,7 +358,7 @@ def resolve_request(
             [m.value for m in REQUESTABLE],
         )
     gpus = _requested_gpus(snapshot, request)
-    _check_options(request)
+    check_options(request)
     check_hardware(snapshot, gpus)
     for gpu in gpus:
         allowed = allowed_modes(snapshot, gpu, catalog, whitelist, group)
@@ -406,17 +446,16 @@ def _requested_gpus(snapshot: HostSnapshot, request: SwitchRequest) -> list[Gpu]
         return list(snapshot.gpus)
     wanted: set[str] = set()
     for text in request.gpus:
-        try:
-            address = normalize_address(text)
-        except PciAddressError:
-            raise RequestError("unknown_gpu", f"{text!r} is not a PCI address", present) from None
+        address = parse_address(text)
         if snapshot.gpu(address) is None:
             raise RequestError("unknown_gpu", f"no GPU {address} on host {snapshot.hostname}", present)
         wanted.add(address)
     return [g for g in snapshot.gpus if g.address in wanted]
 
 
-def _check_options(request: SwitchRequest) -> None:
+def check_options(request: SwitchRequest) -> None:
+    """Which options go with which mode (part of :func:`parse_request`; checked again when planning, for
+    requests built in code)."""
     if request.mode is not Mode.VGPU and (request.vgpu_type is not None or request.vgpu_count is not None):
         raise RequestError(
             "invalid_option", f"vgpu_type / vgpu_count only apply to mode vgpu, not {request.mode.value}"

@@ -16,13 +16,13 @@ recorded as such: the server runs them.
 
 Interruption: while it runs in the main thread the runner defers SIGINT and SIGTERM. The step running then
 (and the external command inside it) finishes; the runner stops at that step boundary, records where and
-why in the journal (``stopped``, or still ``rolling-back``) and returns with ``interrupted`` set, so the
+why in the journal (``stopped``, or still ``rolling_back``) and returns with ``interrupted`` set, so the
 caller can say which command finishes or undoes the run. SIGKILL cannot be deferred: the journal written
 before each step, and each step's check and undo coping with partial work, make resume and rollback work
 from any instant.
 
 Verification: given a ``verify`` callback (the engine's ``assert``), a run is ``done`` and a rollback
-``rolled-back`` only if the host then shows the state it claims; otherwise the journal stays unfinished and
+``rolled_back`` only if the host then shows the state it claims; otherwise the journal stays unfinished and
 the error names what is left.
 
 Fault injection for tests: ``GPUMODE_FAULT_KILL=<phase>:<n>`` SIGKILLs this process at step ``n`` (1-based, or

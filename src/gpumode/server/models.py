@@ -270,7 +270,7 @@ class Job(Base):
     steps: Mapped[list[dict[str, Any]]] = mapped_column(Json)  # progress per step, in plan order
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
-    # What the cloud platform did around the switch (its hold, whether released): see server/jobs.py.
+    # What the cloud platform did around the switch (its hold, whether released): see server/switch/hold.py.
     cloud: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     rollout_id: Mapped[int | None] = mapped_column(ForeignKey("rollouts.id", ondelete="SET NULL"), index=True)
     created_by: Mapped[str | None] = mapped_column(String(128))

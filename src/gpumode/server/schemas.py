@@ -339,24 +339,25 @@ NodeDetail.model_rebuild()
 # ----------------------------------------------------------------------
 
 
-class SwitchIn(In):
-    """A switch request: a target mode for the node (or ``gpus``), its options, and the VM policy."""
+_MODES = [m.value for m in SWITCHABLE]
+_VM_POLICIES = [p.value for p in VmPolicy]
 
-    mode: Annotated[SwitchMode, Field(strict=False)]
+
+class SwitchIn(In):
+    """A switch request: a target mode for the node (or ``gpus``), its options, and the VM policy.
+
+    Only the shape is checked here; what the fields mean is checked once, by
+    :func:`gpumode.modes.policy.parse_request` (as for the local CLI and the dashboard), so a bad value gets
+    the same error code on every path (docs/api.md)."""
+
+    mode: Annotated[str, Field(max_length=32, json_schema_extra={"enum": _MODES})]
     gpus: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=512)] = []
     vgpu_type: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    vgpu_count: Annotated[int, Field(ge=1, le=64)] | None = None
+    vgpu_count: Annotated[int, Field(ge=1, le=64)] | None = None  # at most what the type allows: the policy
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     passthrough_alias: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    vm_policy: VmPolicy = VmPolicy.GPU
+    vm_policy: Annotated[str, Field(max_length=16, json_schema_extra={"enum": _VM_POLICIES})] = "gpu"
     allow_boot_vga: bool = False  # passthrough may take the boot display GPU (its console goes dark)
-
-    @field_validator("mode")
-    @classmethod
-    def _switchable_mode(cls, value: Mode) -> Mode:
-        if value not in SWITCHABLE:
-            raise ValueError(f"{value.value}: not a mode one can switch to (use accel, vgpu, passthrough)")
-        return value
 
 
 class RolloutIn(SwitchIn):

@@ -1,7 +1,8 @@
 """Hardware sync (method step 1): fold a host's reported snapshot into the database.
 
-Same fingerprint as stored → nothing to do, and nothing is written (the caller checks
-:func:`stored_fingerprint` first; it is one indexed read). Otherwise, in the caller's transaction:
+Same fingerprint as stored → nothing to do, and nothing is written (the report route checks the stored
+fingerprint first, in its one indexed read: :mod:`gpumode.server.routes.reports`). Otherwise, in the caller's
+transaction:
 
 1. diff the physical PCI functions against the stored snapshot — added, removed, or changed identity
    (vendor:device, subsystem ids, IOMMU group) — and each GPU's mode and driver; every difference is an event
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import (
@@ -70,14 +71,6 @@ class SyncResult:
             "cards_lost": self.cards_lost,
             "cards_recovered": self.cards_recovered,
         }
-
-
-_FINGERPRINT = select(Node.fingerprint).where(Node.name == bindparam("name"))  # hot path: built once
-
-
-def stored_fingerprint(session: Session, name: str) -> str | None:
-    """The fingerprint of the node's stored snapshot; ``None`` if the node is unknown."""
-    return session.scalar(_FINGERPRINT, {"name": name})
 
 
 def host_mode(snapshot: HostSnapshot) -> str:

@@ -10,6 +10,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gpumode.domain import Mode
+from gpumode.modes import policy
 from gpumode.server.models import HostGroup, ModeRule
 from gpumode.server.schemas import SWITCHABLE, Whitelist
 
@@ -34,6 +35,28 @@ def load(session: Session) -> Whitelist:
         elif rule.scope == MODEL:
             models[rule.key] = modes
     return Whitelist.model_validate({"platform": platform, "groups": groups, "models": models})
+
+
+def rules(session: Session) -> policy.Whitelist:
+    """The stored whitelist in the engine's terms, read straight from its rows. Groups match by name only
+    (the server knows their members); only NVIDIA models' rules apply (the planner switches only those)."""
+    platform = frozenset(SWITCHABLE)
+    groups: list[policy.HostGroup] = []
+    models: dict[int, frozenset[Mode]] = {}
+    for rule in session.scalars(select(ModeRule).order_by(ModeRule.scope, ModeRule.key)):
+        modes = frozenset(Mode(m) for m in rule.modes)
+        if rule.scope == PLATFORM:
+            platform = modes
+        elif rule.scope == GROUP:
+            groups.append(policy.HostGroup(rule.key, (), modes))
+        elif rule.scope == MODEL and rule.key.startswith("10de:"):
+            models[int(rule.key.split(":")[1], 16)] = modes
+    return policy.Whitelist(
+        source="the server's whitelist (GET /api/v1/modes)",
+        platform=platform,
+        groups=tuple(groups),
+        models=models,
+    )
 
 
 def store(session: Session, whitelist: Whitelist) -> None:

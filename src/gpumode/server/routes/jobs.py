@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import CloudPlatform
+from gpumode.errors import GpumodeError, Kind
 from gpumode.server import audit
 from gpumode.server.auth import Principal, Role
 from gpumode.server.deps import (
@@ -39,7 +40,7 @@ from gpumode.server.schemas import (
 )
 from gpumode.server.switch import rollouts, service
 from gpumode.server.switch.codec import plan_json
-from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound
+from gpumode.server.switch.errors import ActiveJobExists, refusal_detail
 from gpumode.server.switch.service import Caller
 from gpumode.server.switch.store import get_job as stored_job
 
@@ -69,19 +70,29 @@ def job_out(job: Job) -> dict[str, Any]:
 
 @contextmanager
 def refusals() -> Iterator[None]:
-    """The job service's refusals as HTTP answers, the same for every route: an unknown node, job, group or
-    rollout is 404, a request that may not be planned 422 (with its code and choices), a job or rollout in
-    the wrong state for it 409."""
+    """The switch service's refusals as HTTP answers, the same for every route, by the kind of their code
+    (:data:`gpumode.errors.CODES`): bad input is 422 (code, message and choices), an unknown node, job,
+    group or rollout 404, a node or job in the wrong state for it 409."""
     try:
         yield
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    except JobError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
-    except JobConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-    except ActiveJobExists as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, {"message": str(exc), "job": exc.job_id}) from exc
+    except GpumodeError as exc:
+        raise HTTPException(_STATUS[exc.kind], _body(exc)) from exc
+
+
+_STATUS = {
+    Kind.BAD_INPUT: status.HTTP_422_UNPROCESSABLE_CONTENT,
+    Kind.NOT_FOUND: status.HTTP_404_NOT_FOUND,
+    Kind.CONFLICT: status.HTTP_409_CONFLICT,
+    Kind.FAILED: status.HTTP_500_INTERNAL_SERVER_ERROR,
+}
+
+
+def _body(exc: GpumodeError) -> Any:
+    if isinstance(exc, ActiveJobExists):
+        return {"code": exc.code, "message": exc.message, "job": exc.job_id}
+    if exc.kind is Kind.BAD_INPUT:
+        return refusal_detail(exc)
+    return exc.message
 
 
 def _caller(request: Request, session: Session, platform: CloudPlatform, principal: Principal) -> Caller:

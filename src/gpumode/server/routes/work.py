@@ -29,7 +29,7 @@ from gpumode.server.responses import errors
 from gpumode.server.schemas import JobEventsAck, JobEventsIn, RowId, WorkJob, WorkOut
 from gpumode.server.state import ServerState
 from gpumode.server.switch.ending import ended
-from gpumode.server.switch.errors import JobError, NotFound
+from gpumode.server.switch.errors import JobError, NotFound, refusal_detail
 from gpumode.server.switch.lifecycle import StepReport, apply_step_reports, retry_after
 from gpumode.server.switch.states import HostState, JobState, StepState
 from gpumode.server.switch.store import get_job
@@ -170,7 +170,7 @@ def events(
             # ran), or the cloud's picture of an undone host is being put back: one more try
             continue_cloud(session, platform, job)
     except JobError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.detail()) from exc
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, refusal_detail(exc)) from exc
     detail: dict[str, Any] = {"steps": len(reports)}
     if body.host is not None:
         detail["host"] = body.host.result

@@ -1,37 +1,36 @@
-"""Why the switch service refused something; the API, the dashboard and the CLI each render these."""
+"""Why the switch service refused something, as :class:`~gpumode.errors.GpumodeError` (code, message,
+choices; the table of codes is :data:`gpumode.errors.CODES`). The API, the dashboard and the CLI each render
+these; a request the planner refuses is the policy's :class:`~gpumode.modes.policy.RequestError`, the same
+error the local CLI shows."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from gpumode.errors import GpumodeError
 
-class JobError(ValueError):
-    """A switch cannot be made a job; ``code`` is stable (the policy's codes, plus a few of ours)."""
+
+class JobError(GpumodeError, ValueError):
+    """A switch cannot be made a job (an unknown profile, a cloud platform refusing, ...)."""
 
     def __init__(self, code: str, message: str, choices: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.choices = list(choices)
+        super().__init__(message, code=code, choices=choices)
 
-    def detail(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "choices": self.choices}
+    def __str__(self) -> str:
+        return self.message  # the choices are shown apart (the API's ``choices``)
 
 
-class NotFound(LookupError):
-    """A node, profile or alias the request names does not exist."""
+class NotFound(GpumodeError, LookupError):
+    """A node, job, host group or rollout the request names does not exist."""
+
+    default_code = "not_found"
 
 
-def refusal_detail(exc: JobError | NotFound) -> dict[str, Any]:
-    """A refusal as the API's 422 body shows it (code, message, choices), an unknown name included."""
-    if isinstance(exc, JobError):
-        return exc.detail()
-    return {"code": "not_found", "message": str(exc), "choices": []}
-
-
-class ActiveJobExists(RuntimeError):
+class ActiveJobExists(GpumodeError, RuntimeError):
     """The node already has a queued or running job."""
+
+    default_code = "active_job"
 
     def __init__(self, node: str, job_id: int | None) -> None:
         what = f"job {job_id}" if job_id is not None else "another job"
@@ -39,5 +38,12 @@ class ActiveJobExists(RuntimeError):
         self.job_id = job_id
 
 
-class JobConflict(RuntimeError):
+class JobConflict(GpumodeError, RuntimeError):
     """The job is not in a state that allows this (e.g. cancelling a finished job)."""
+
+    default_code = "job_conflict"
+
+
+def refusal_detail(exc: GpumodeError) -> dict[str, Any]:
+    """A refusal as the API's 422 body shows it (code, message, choices)."""
+    return {"code": exc.code, "message": exc.message, "choices": list(exc.choices)}

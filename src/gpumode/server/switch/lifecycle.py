@@ -37,10 +37,22 @@ def undo_host(job: Job, reason: str) -> None:
 
 
 def cancel(session: Session, job: Job, by: str) -> None:
-    """Cancel a queued job at once; ask the agent to roll a running one back (the caller commits)."""
+    """Cancel a queued job at once; ask the agent to roll a running one back (the caller commits).
+
+    ``job.error`` then says what will really happen, and the job's end keeps saying it: a queued job is
+    cancelled; a running one is rolled back from the step it is on (and if the agent had finished the host
+    steps already, their finished run is undone: :func:`~gpumode.server.switch.work.host_finished`); one
+    whose cloud steps wait has its host rolled back. A job whose host is already being put back refuses, with
+    that reason; asking twice changes nothing.
+    """
     state = JobState(job.state)
     if not state.active:
         raise JobConflict(f"job {job.id} is already {state.value}")
+    if job.cancel_requested:
+        undo = (job.cloud or {}).get("undo")
+        if undo is not None and not str(undo.get("reason", "")).startswith((CANCELLED_BY, CANCEL_REQUESTED)):
+            raise JobConflict(f"job {job.id} is already rolling the host back: {undo['reason']}")
+        return  # already asked: the job says what is happening
     if state is JobState.QUEUED:
         for step in job.steps:
             step["state"] = StepState.SKIPPED.value
@@ -49,13 +61,20 @@ def cancel(session: Session, job: Job, by: str) -> None:
         finish(job, JobState.CANCELLED, f"cancelled by {by} before it started")
         return
     if job.host_state == HostState.DONE.value:  # its cloud steps are waiting for the platform
-        undo_host(job, f"cancelled by {by} while the cloud steps waited")
+        undo_host(job, f"{CANCELLED_BY} {by} after the host steps, while the cloud steps waited")
         return
     if job.host_state != HostState.RUNNING.value:
-        raise JobConflict(f"job {job.id}: the host was put back; the cloud's picture of it is being restored")
+        raise JobConflict(
+            f"job {job.id} cannot be cancelled: the host was already put back; the cloud's picture of it is "
+            "being restored, and the job ends rolled_back"
+        )
     job.cancel_requested = True
-    job.error = f"cancel requested by {by}"
+    job.error = f"{CANCEL_REQUESTED} {by}: the agent stops after the step it is on and rolls the host back"
     job.updated_at = now()
+
+
+CANCELLED_BY = "cancelled by"
+CANCEL_REQUESTED = "cancel requested by"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,53 +14,40 @@ from gpumode.modes import policy
 from gpumode.modes.catalog import Catalog, load_catalog
 from gpumode.modes.plan import plan_switch
 from gpumode.server.models import HostGroup, Node
-from gpumode.server.schemas import SwitchIn, Whitelist
+from gpumode.server.schemas import SwitchIn
 from gpumode.server.switch.errors import JobError, NotFound
 
 
-def to_request(options: SwitchIn, platform: CloudPlatform) -> SwitchRequest:
-    """The engine's :class:`SwitchRequest`; a profile becomes its vGPU type and count, an alias must exist."""
-    vgpu_type, vgpu_count = options.vgpu_type, options.vgpu_count
-    if options.profile is not None:
-        if options.mode is not Mode.VGPU:
-            raise JobError("invalid_option", f"profile only applies to mode vgpu, not {options.mode.value}")
+def to_request(body: SwitchIn, platform: CloudPlatform) -> SwitchRequest:
+    """The engine's :class:`SwitchRequest`, checked by the one request check
+    (:func:`~gpumode.modes.policy.parse_request`); a profile becomes its vGPU type and count, an alias must
+    exist on the platform."""
+    vgpu_type, vgpu_count = body.vgpu_type, body.vgpu_count
+    if body.profile is not None:
+        mode = policy.parse_mode(body.mode)
+        if mode is not Mode.VGPU:
+            raise JobError("invalid_option", f"profile only applies to mode vgpu, not {mode.value}")
         if vgpu_type is not None or vgpu_count is not None:
             raise JobError("invalid_option", "give either a profile or vgpu_type/vgpu_count, not both")
         profiles = {p.name: p for p in platform.list_profiles()}
-        found = profiles.get(options.profile)
+        found = profiles.get(body.profile)
         if found is None:
-            raise JobError("unknown_profile", f"no vGPU profile named {options.profile!r}", sorted(profiles))
+            raise JobError("unknown_profile", f"no vGPU profile named {body.profile!r}", sorted(profiles))
         vgpu_type, vgpu_count = found.vgpu_type, found.count_per_gpu
-    if options.passthrough_alias is not None:
-        aliases = sorted(a.name for a in platform.list_aliases())
-        if options.passthrough_alias not in aliases:
-            raise JobError(
-                "unknown_alias", f"no passthrough alias named {options.passthrough_alias!r}", aliases
-            )
-    return SwitchRequest(
-        mode=options.mode,
-        gpus=list(options.gpus),
+    request = policy.parse_request(
+        mode=body.mode,
+        gpus=body.gpus,
         vgpu_type=vgpu_type,
         vgpu_count=vgpu_count,
-        passthrough_alias=options.passthrough_alias,
-        vm_policy=options.vm_policy,
-        allow_boot_vga=options.allow_boot_vga,
+        passthrough_alias=body.passthrough_alias,
+        vm_policy=body.vm_policy,
+        allow_boot_vga=body.allow_boot_vga,
     )
-
-
-def policy_whitelist(stored: Whitelist) -> policy.Whitelist:
-    """The stored whitelist in the engine's terms. Groups match by name only (the server knows members)."""
-    models: dict[int, frozenset[Mode]] = {}
-    for key, modes in stored.models.items():
-        vendor, device = key.split(":")
-        if vendor == "10de":  # the planner only switches NVIDIA GPUs; other vendors' rules cannot apply
-            models[int(device, 16)] = frozenset(modes)
-    return policy.Whitelist(
-        source="the server's whitelist (GET /api/v1/modes)",
-        platform=frozenset(stored.platform),
-        groups=tuple(policy.HostGroup(name, (), frozenset(m)) for name, m in stored.groups.items()),
-        models=models,
-    )
+    if body.passthrough_alias is not None:
+        aliases = sorted(a.name for a in platform.list_aliases())
+        if body.passthrough_alias not in aliases:
+            raise JobError("unknown_alias", f"no passthrough alias named {body.passthrough_alias!r}", aliases)
+    return request
 
 
 def stored_vms(node: Node) -> list[Vm]:
@@ -79,10 +66,12 @@ def plan_for_node(
     session: Session,
     node: Node,
     request: SwitchRequest,
-    whitelist: Whitelist,
+    rules: policy.Whitelist,
     platform: CloudPlatform,
 ) -> Plan:
-    """Plan ``request`` on the node as it last reported itself; :class:`JobError` when it may not run.
+    """Plan ``request`` on the node as it last reported itself, with the whitelist's ``rules``
+    (:func:`gpumode.server.whitelist.rules`); a :class:`~gpumode.modes.policy.RequestError` or
+    :class:`JobError` when it may not run.
 
     The platform is required, not optional: the host steps it asks for (:meth:`SwitchHooks.host_steps`,
     e.g. delivering nova-compute's configuration) are part of the plan, so a dry run shows exactly what a
@@ -90,18 +79,14 @@ def plan_for_node(
     """
     group = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
     snapshot = HostSnapshot.from_dict(node.snapshot)
-    rules = policy_whitelist(whitelist)
-    try:
-        plan = plan_switch(
-            snapshot,
-            stored_vms(node),
-            request,
-            catalog=catalog(),
-            whitelist=rules,
-            host_group=group if group in whitelist.groups else None,
-        )
-    except policy.RequestError as exc:
-        raise JobError(exc.code, exc.message, exc.choices) from exc
+    plan = plan_switch(
+        snapshot,
+        stored_vms(node),
+        request,
+        catalog=catalog(),
+        whitelist=rules,
+        host_group=group if any(g.name == group for g in rules.groups) else None,
+    )
     hooks = switch_hooks(platform)
     if hooks is None:
         return plan

@@ -21,10 +21,11 @@ from sqlalchemy.orm import Session
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest
+from gpumode.errors import GpumodeError
 from gpumode.server import whitelist
 from gpumode.server.models import HostGroup, Job, Node, Rollout
 from gpumode.server.switch.codec import request_from_json, request_json
-from gpumode.server.switch.errors import ActiveJobExists, JobConflict, JobError, NotFound
+from gpumode.server.switch.errors import JobConflict, JobError, NotFound
 from gpumode.server.switch.lifecycle import cancel as cancel_job
 from gpumode.server.switch.planning import plan_for_node
 from gpumode.server.switch.states import JobState
@@ -47,27 +48,32 @@ def members(session: Session, group: str) -> list[Node]:
 
 
 class GroupNotPlannable(JobError):
-    """Some members may not be switched: ``refused`` maps each, in member order, to the reason (the
-    dashboard lists them; the API shows the message, which names them all)."""
+    """Some members may not be switched: ``refused`` maps each, in member order, to its refusal (the
+    dashboard lists them; the API shows the message, which names them all). ``choices`` are what would work
+    on every refused member (e.g. the vGPU types they all offer), never member names; ``plannable`` the
+    members that could be switched."""
 
-    def __init__(self, refused: dict[str, str], plannable: Sequence[str]) -> None:
-        message = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
-        super().__init__("not_plannable", message, sorted(plannable))
-        self.refused = refused
+    def __init__(self, refused: dict[str, GpumodeError], plannable: Sequence[str]) -> None:
+        message = "; ".join(f"{name}: {exc.message}" for name, exc in refused.items())
+        lists = [exc.choices for exc in refused.values()]
+        common = [c for c in lists[0] if all(c in other for other in lists[1:])] if lists else []
+        super().__init__("not_plannable", message, common)
+        self.refused = {name: exc.message for name, exc in refused.items()}
+        self.plannable = sorted(plannable)
 
 
 def plan_all(
     session: Session, nodes: Sequence[Node], request: SwitchRequest, platform: CloudPlatform
 ) -> dict[str, Plan]:
     """Every member's plan, or :class:`GroupNotPlannable` naming each member that may not be switched."""
-    rules = whitelist.load(session)
+    rules = whitelist.rules(session)
     plans: dict[str, Plan] = {}
-    refused: dict[str, str] = {}
+    refused: dict[str, GpumodeError] = {}
     for node in nodes:
         try:
             plans[node.name] = plan_for_node(session, node, request, rules, platform)
-        except JobError as exc:
-            refused[node.name] = exc.message
+        except GpumodeError as exc:
+            refused[node.name] = exc
     if refused:
         raise GroupNotPlannable(refused, list(plans))
     return plans
@@ -113,7 +119,7 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
     started = {j.node for j in own}
     blocked = list(rollout.blocked)
     active = sum(1 for j in own if JobState(j.state).active)
-    rules = whitelist.load(session)
+    rules = whitelist.rules(session)
     request = request_from_json(rollout.request)
     for name in rollout.nodes:
         if active >= rollout.concurrency or _failures(own, blocked) > rollout.max_failures:
@@ -126,8 +132,8 @@ def advance(session: Session, rollout_id: int, platform: CloudPlatform) -> None:
                 raise NotFound(f"node {name} was removed")
             plan = plan_for_node(session, node, request, rules, platform)
             job = create_job(session, node, plan, created_by=f"rollout:{rollout.id}", rollout_id=rollout.id)
-        except (ActiveJobExists, JobError, NotFound) as exc:
-            blocked.append(f"{name}: {exc}")
+        except GpumodeError as exc:
+            blocked.append(f"{name}: {exc.message}")
             continue
         own.append(job)
         active += 1

@@ -48,7 +48,7 @@ def preview_switch(caller: Caller, node: str, body: SwitchIn) -> Plan:
     try:
         found = find_node(session, node)
         plan = plan_for_node(
-            session, found, to_request(body, caller.platform), whitelist.load(session), caller.platform
+            session, found, to_request(body, caller.platform), whitelist.rules(session), caller.platform
         )
     finally:
         session.rollback()
@@ -61,7 +61,7 @@ def start_switch(caller: Caller, node: str, body: SwitchIn) -> Job:
     session = caller.session
     found = find_node(session, node)
     plan = plan_for_node(
-        session, found, to_request(body, caller.platform), whitelist.load(session), caller.platform
+        session, found, to_request(body, caller.platform), whitelist.rules(session), caller.platform
     )
     try:
         job = create_job(session, found, plan, created_by=caller.name)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from gpumode.domain import StepState as StepState  # a job's steps: the one vocabulary of journal and API
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -27,12 +29,3 @@ class HostState(StrEnum):
     DONE = "done"
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
-
-
-class StepState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    UNDONE = "undone"

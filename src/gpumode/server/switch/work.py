@@ -11,7 +11,7 @@ from gpumode.server.models import Job
 from gpumode.server.switch.cloud_steps import restore_cloud, run_cloud_steps
 from gpumode.server.switch.errors import JobError
 from gpumode.server.switch.hold import end, take_hold
-from gpumode.server.switch.lifecycle import undo_host
+from gpumode.server.switch.lifecycle import CANCEL_REQUESTED, undo_host
 from gpumode.server.switch.planning import switch_hooks
 from gpumode.server.switch.states import HostState, JobState
 from gpumode.server.switch.store import now
@@ -61,6 +61,11 @@ def host_finished(
         # the platform failed at a checkpoint, but the agent ended its run before it heard: undo the run
         undo_host(job, str(undo["reason"]))
         return
+    if result is HostState.DONE and job.cancel_requested:
+        # cancelled while the agent finished the host steps: their finished run is undone, as promised
+        asked = (job.error or CANCEL_REQUESTED).split(":")[0]
+        undo_host(job, f"{asked}; the host steps had finished before the agent heard, so their run is undone")
+        return
     if result is HostState.DONE:
         run_cloud_steps(session, platform, job)
         return
@@ -70,8 +75,12 @@ def host_finished(
     if undo is not None:
         end(platform, job, JobState.FAILED, f"{undo['reason']}; putting the host back failed: {error}")
         return
-    cancelled = job.cancel_requested and result is HostState.ROLLED_BACK
-    why = (job.error + "; the host was rolled back") if cancelled and job.error else error
+    why: str | None = error
+    if job.cancel_requested and job.error:
+        if result is HostState.ROLLED_BACK:
+            why = f"{job.error}; the host was rolled back"
+        else:
+            why = f"{job.error}; rolling the host back failed: {error}"
     end(platform, job, JobState.ROLLED_BACK if result is HostState.ROLLED_BACK else JobState.FAILED, why)
 
 

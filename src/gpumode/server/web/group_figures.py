@@ -115,7 +115,7 @@ def _refused(
 ) -> tuple[int, list[tuple[str, str]]]:
     """Members the whitelist refuses ``mode`` on: all of them at the platform or group level, else those
     with a GPU of a model whose rule leaves the mode out (only NVIDIA models' rules apply, as in
-    :func:`gpumode.server.switch.planning.policy_whitelist`)."""
+    :func:`gpumode.server.whitelist.rules`)."""
     members = select(Node.name).where(Node.group_id == gid).order_by(Node.name)
     if mode not in rules.platform:
         why = "disabled platform-wide"

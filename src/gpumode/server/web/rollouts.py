@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gpumode.cloud.base import CloudPlatform
 from gpumode.domain import Plan, SwitchRequest, VmPolicy
+from gpumode.errors import GpumodeError
 from gpumode.server import whitelist
 from gpumode.server.auth import Role
 from gpumode.server.deps import SessionDep, StateDep
@@ -226,14 +227,15 @@ def _preview(
     with state.sessions() as session:
         try:
             resolved = _resolve(session, state, values)
-            rules = whitelist.load(session)
+            mode = resolved.request.mode
             figures = group_figures.figures(
-                session, resolved.group_id, resolved.group, resolved.body.mode, rules
+                session, resolved.group_id, resolved.group, mode, whitelist.load(session)
             )
             if figures.members == 0:
                 raise JobError("empty_group", f"host group {resolved.group!r} has no nodes")
-        except (JobError, NotFound) as exc:
+        except GpumodeError as exc:
             return _form_page(request, web, session, state, values, refusal_detail(exc), 422)
+        rules = whitelist.rules(session)
         pages = max(1, -(-figures.members // PREVIEW_PAGE))
         current = min(page_no, pages)
         members: list[Member] = []
@@ -242,7 +244,7 @@ def _preview(
             try:
                 plan = planning.plan_for_node(session, node, resolved.request, rules, resolved.platform)
                 members.append(Member(node.name, plan))
-            except JobError as exc:
+            except GpumodeError as exc:
                 members.append(Member(node.name, None, exc.message))
         session.rollback()
         refused_here = sum(1 for m in members if m.refused)
@@ -255,6 +257,7 @@ def _preview(
             nav="rollouts",
             group=resolved.group,
             body=resolved.body,
+            target_mode=resolved.request.mode.value,
             figures=figures,
             members=members,
             refused_here=refused_here,
@@ -270,11 +273,10 @@ def _preview(
 def _refusals(exc: rollouts.GroupNotPlannable) -> dict[str, Any]:
     """A whole-group refusal as a list of members and reasons, not hundreds of names run together."""
     lines = list(exc.refused.items())
-    members = len(lines) + len(exc.choices)
+    members = len(lines) + len(exc.plannable)
     return {
-        **exc.detail(),
+        **refusal_detail(exc),
         "message": f"{len(lines)} of {members} hosts may not be switched; nothing was started",
-        "choices": [],
         "refused": lines[:CONFIRM_NAMED],
         "refused_more": max(0, len(lines) - CONFIRM_NAMED),
     }
@@ -296,7 +298,7 @@ def _confirm(request: Request, web: WebSession, state: ServerState, values: dict
             rollout = service.start_rollout(caller(request, web, state, session), group, body)
         except rollouts.GroupNotPlannable as exc:
             return _form_page(request, web, session, state, values, _refusals(exc), 422)
-        except (JobError, NotFound) as exc:
+        except GpumodeError as exc:
             return _form_page(request, web, session, state, values, refusal_detail(exc), 422)
     return RedirectResponse(f"{UI}/rollouts/{rollout.id}", status_code=status.HTTP_303_SEE_OTHER)
 

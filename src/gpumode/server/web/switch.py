@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpumode.domain import HostSnapshot, Mode, VmPolicy
+from gpumode.errors import GpumodeError
 from gpumode.modes import policy
 from gpumode.server import audit, whitelist
 from gpumode.server.auth import Role
@@ -50,10 +51,10 @@ def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]
     """What the form offers for this node: each mode (and why it is disabled), vGPU types, profiles and
     aliases."""
     snap = HostSnapshot.from_dict(node.snapshot)
-    stored = whitelist.load(session)
-    rules = planning.policy_whitelist(stored)
+    rules = whitelist.rules(session)
     group_name = session.scalar(select(HostGroup.name).where(HostGroup.id == node.group_id))
-    group = rules.group(node.name, group_name if group_name in stored.groups else None)
+    named = any(g.name == group_name for g in rules.groups)
+    group = rules.group(node.name, group_name if named else None)
     catalog = planning.catalog()
     reasons: dict[Mode, list[str]] = {m: [] for m in policy.REQUESTABLE}
     gpus = []
@@ -67,13 +68,17 @@ def _choices(session: Session, state: ServerState, node: Node) -> dict[str, Any]
         offer = policy.vgpu_offer(snap, gpu, catalog)
         if offer is not None:
             types.update(t.name for t in offer.types)
+    # a host with no GPU offers no mode: say so rather than an empty "not allowed:"
+    nothing = None if snap.gpus else f"{node.name} reported no NVIDIA GPU, so there is nothing to switch"
     modes = []
     for mode in policy.REQUESTABLE:
-        blocked = reasons[mode]
-        every = len(blocked) == len(snap.gpus)
+        blocked = reasons[mode] if snap.gpus else [nothing]
+        every = len(reasons[mode]) == len(snap.gpus)
         modes.append({"mode": mode.value, "disabled": every, "reasons": blocked})
     platform = state.platform_factory(session)
     return {
+        "nothing_to_switch": nothing,
+        "any_mode": any(not m["disabled"] for m in modes),
         "modes": modes,
         "gpus": gpus,
         "vgpu_types": sorted(types),
@@ -163,7 +168,7 @@ def _preview(
         node = _node(session, name)
         try:
             plan = service.preview_switch(caller(request, web, state, session), name, _validate(values))
-        except (JobError, NotFound) as exc:
+        except GpumodeError as exc:
             return _form_page(request, web, session, state, node, values, refusal_detail(exc), 422)
         return page(request, web, "preview.html", nav="fleet", node=node, plan=plan_json(plan), values=values)
 
@@ -182,16 +187,11 @@ def _confirm(
         node = _node(session, name)
         try:
             job = service.start_switch(caller(request, web, state, session), name, _validate(values))
-        except (JobError, NotFound) as exc:
-            return _form_page(request, web, session, state, node, values, refusal_detail(exc), 422)
         except ActiveJobExists as exc:
-            error: dict[str, Any] = {
-                "code": "active_job",
-                "message": str(exc),
-                "choices": [],
-                "job": exc.job_id,
-            }
+            error = {**refusal_detail(exc), "job": exc.job_id}
             return _form_page(request, web, session, state, node, values, error, 409)
+        except GpumodeError as exc:
+            return _form_page(request, web, session, state, node, values, refusal_detail(exc), 422)
     return RedirectResponse(f"{UI}/jobs/{job.id}", status_code=status.HTTP_303_SEE_OTHER)
 
 

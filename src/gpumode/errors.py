@@ -52,6 +52,7 @@ CODES: dict[str, Code] = {
     # the local CLI's own options and files
     "bad_options": Code(Kind.BAD_INPUT, "command-line options that do not go together"),
     "needs_confirmation": Code(Kind.BAD_INPUT, "not a terminal: pass --yes to apply without asking"),
+    "bad_root": Code(Kind.BAD_INPUT, "--root does not name a host's root directory"),
     "bad_config": Code(Kind.BAD_INPUT, "a catalog or whitelist file is unreadable or invalid"),
     "bad_desired_state": Code(Kind.BAD_INPUT, "the host's desired-state file is unreadable or invalid"),
     # the server's

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
+from gpumode.agent import config as agent_config
 from gpumode.cli.localserver import LocalServer
 from gpumode.cli.main import app
 from gpumode.emulated.create import create_host
@@ -60,6 +61,9 @@ class Fleet:
             timeout=30,
         )
         assert r.status_code == 201, r.text
+        # the node token where the agent keeps it: an agent started on this host later re-joins with it as
+        # proof that it is this node (a join token alone may not take over an existing node)
+        agent_config.save(host, agent_config.AgentConfig(self.url, r.json()["node"], r.json()["token"]))
         self.hosts[snapshot.hostname] = host
         return host
 

@@ -45,7 +45,7 @@ def no_libvirt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _one_line_error(output: str) -> str:
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1, output
-    assert lines[0].startswith("error: ") and "Traceback" not in output
+    assert lines[0].startswith("error [") and "]: " in lines[0] and "Traceback" not in output
     return lines[0]
 
 
@@ -99,7 +99,7 @@ def test_a_mistyped_root_is_one_line_naming_it(tmp_path: Path, verb: str) -> Non
     args = [verb, "--root", str(missing)] + (["--mode", "accel"] if verb != "status" else [])
     code, out, exc = gpumode(*args)
     assert exc is None and code == 2
-    assert _one_line_error(out) == f"error: --root {missing} does not exist"
+    assert _one_line_error(out) == f"error [bad_root]: --root {missing} does not exist"
     (tmp_path / "empty").mkdir()
     code, out, _ = gpumode(*[a if a != str(missing) else str(tmp_path / "empty") for a in args])
     assert code == 2 and "is not a host's root (it has no sys/bus/pci/devices)" in _one_line_error(out)

@@ -56,7 +56,7 @@ def _host_root(value: str) -> str:
         from rich.markup import escape
 
         err_console.print(
-            f"[bold red]error:[/] --root {escape(value)} {what}", highlight=False, soft_wrap=True
+            f"[bold red]error[/] \\[bad_root]: --root {escape(value)} {what}", highlight=False, soft_wrap=True
         )
         raise typer.Exit(EXIT_BAD_INPUT)
     return value

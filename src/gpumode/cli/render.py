@@ -254,6 +254,8 @@ def impact_view(impact: Row) -> Table:
     table.add_row("driver change", "yes" if impact.get("driver_change") else "no")
     table.add_row("reboot required", Text("yes", style="bold red") if impact.get("reboot_required") else "no")
     table.add_row("estimated time", f"{impact.get('estimated_seconds', 0):g} s")
+    for note in impact.get("notes") or []:
+        table.add_row("note", Text(str(note), style="yellow"))
     return table
 
 

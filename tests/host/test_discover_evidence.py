@@ -29,8 +29,11 @@ def test_conflicting_evidence_is_unknown_with_a_problem(
     host_templates: HostTemplates, tmp_path: Path
 ) -> None:
     root = _copy(host_templates, "a16-vdi", tmp_path)
-    with open(root / "proc/modules", "a") as f:  # the data-center build's nvidia_uvm beside live mdevs
-        f.write("nvidia_uvm 1789952 0 - Live 0x0000000000000000 (POE)\n")
+    modules = root / "proc/modules"
+    listed = modules.read_text()
+    modules.unlink()  # a hard link into the session's template: this copy gets a file of its own
+    # the data-center build's nvidia_uvm beside live mdevs
+    modules.write_text(listed + "nvidia_uvm 1789952 0 - Live 0x0000000000000000 (POE)\n")
     snap = discover(root)
     assert snap.nvidia.flavour is None and snap.driver_state is DriverState.UNKNOWN
     assert all(g.mode is Mode.UNKNOWN for g in snap.gpus)

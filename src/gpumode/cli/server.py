@@ -66,9 +66,6 @@ def server(
     if init:
         _init(settings, join_uses)
         return
-    _check_schema(settings)
-    import uvicorn
-
     if workers > 1:
         from gpumode.server.db import DatabaseUrlError, database_url
 
@@ -80,6 +77,10 @@ def server(
         if backend != "postgresql":
             typer.echo("gpumode server: --workers needs PostgreSQL (--db postgresql+psycopg://...)", err=True)
             raise typer.Exit(2)
+    _check_schema(settings)
+    import uvicorn
+
+    if workers > 1:
         # Each worker builds its own app from the same settings: stateless processes, the database between.
         os.environ[_WORKER_SETTINGS] = settings.model_dump_json()
         uvicorn.run(f"{__name__}:worker_app", factory=True, workers=workers, **uvicorn_options(settings))
